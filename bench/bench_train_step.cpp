@@ -1,0 +1,89 @@
+// Times training steps (forward, backward, clip, AdamW, EMA) of a config on synthetic latents
+// and prints step time, tokens/s and achieved GFLOP/s (FLOPs from model_info.h).
+//   bench_train_step [--config F] [--set k=v ...] [--steps N] [--warmup N] [--device cpu|cuda]
+//                    [--dump DIR]   (weights + one forward's inputs/outputs for torch_reference.py)
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "data/dataset.h"
+#include "model/model_info.h"
+#include "model/state_dict.h"
+#include "train/trainer.h"
+
+using namespace vidit;
+
+int main(int argc, char** argv) {
+  CLI::App app{"time vidit training steps"};
+  std::string config, device = "cpu", dump;
+  std::vector<std::string> sets;
+  int steps = 20, warmup = 3;
+  app.add_option("-c,--config", config);
+  app.add_option("--set", sets);
+  app.add_option("--steps", steps);
+  app.add_option("--warmup", warmup);
+  app.add_option("--device", device);
+  app.add_option("--dump", dump, "write weights and one forward pass for the PyTorch reference");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    sets.insert(sets.begin(), {"data.source=synthetic", "train.out_dir=\"/tmp/vidit_bench\"",
+                               "train.ckpt_every=0", "train.ema_decay=0"});
+    Config cfg = load_config(config, sets);
+    cfg.train.steps = warmup + steps;
+    at::Device dev(device == "cuda" ? at::kCUDA : at::kCPU);
+    auto data = std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed);
+    Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), dev);
+    ModelInfo info = model_info(cfg);
+
+    if (!dump.empty()) {
+      std::filesystem::create_directories(dump);
+      save_safetensors(dump + "/weights.safetensors", state_dict(*trainer.model()));
+      auto [x, text] = data->batch({0, 1});
+      at::Tensor t = at::tensor({250.0f, 800.0f});
+      at::Tensor out;
+      {
+        at::NoGradGuard ng;
+        out = trainer.model()->forward(x.to(dev), t.to(dev), text.to(dev)).cpu();
+      }
+      save_safetensors(dump + "/forward.safetensors", {{"x", x}, {"t", t}, {"text", text}, {"out", out}});
+      std::ofstream(dump + "/config.json") << nlohmann::json{
+          {"dim", cfg.model.dim}, {"ffn_dim", cfg.model.ffn_dim}, {"heads", cfg.model.heads},
+          {"layers", cfg.model.layers}, {"in_channels", cfg.model.in_channels},
+          {"out_channels", cfg.model.out_channels}, {"patch", cfg.model.patch},
+          {"text_dim", cfg.model.text_dim}, {"text_len", cfg.model.text_len},
+          {"freq_dim", cfg.model.freq_dim}, {"eps", cfg.model.eps}, {"rope_theta", cfg.model.rope_theta},
+          {"batch_size", cfg.train.batch_size}, {"latent", {cfg.data.latent_frames, cfg.data.latent_height,
+                                                           cfg.data.latent_width}},
+          {"lr", cfg.train.lr}, {"threads", at::get_num_threads()}}.dump(2);
+    }
+
+    std::vector<double> times;
+    for (int i = 0; i < warmup + steps; ++i) {
+      StepResult r = trainer.step();
+      if (i >= warmup) times.push_back(r.seconds);
+    }
+    std::sort(times.begin(), times.end());
+    const double med = times[times.size() / 2];
+    const double samples = double(cfg.train.batch_size * cfg.train.grad_accum);
+    std::printf("config %s, device %s, threads %d, batch %lld, %lld tokens/sample, %lld params\n",
+                cfg.source.c_str(), device.c_str(), at::get_num_threads(), (long long)cfg.train.batch_size,
+                (long long)info.tokens, (long long)info.params);
+    std::printf("step time median %.4f s (min %.4f, max %.4f over %d steps)\n", med, times.front(), times.back(), steps);
+    std::printf("tokens/s %.0f | samples/s %.2f | achieved %.3f GFLOP/s\n", samples * info.tokens / med,
+                samples / med, samples * info.train_flops / med / 1e9);
+    std::printf("%s\n", nlohmann::json{{"step_time_s", med}, {"gflops", samples * info.train_flops / med / 1e9},
+                                       {"tokens_per_s", samples * info.tokens / med}}.dump().c_str());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# The one script for the GPU test machine (one H200, CUDA 13, a Python with a CUDA torch, cmake,
+# ninja, no network). Builds vidit against that torch with the CUDA kernels, runs every GPU test
+# and the train-step benchmark, and prints a short table last. Keeps to ~8 minutes of wall time
+# (VIDIT_GPU_BUDGET_S, default 470 s): each step gets what is left of that budget.
+#
+# Header-only / small dependencies the machine may lack (toml++, CLI11, nlohmann-json,
+# GoogleTest, libpng) are taken from third_party/debs when present; make that folder on a machine
+# with network with scripts/fetch_header_deps.sh before copying the tree over.
+#
+# Usage: bench/gpu/run.sh            env: PYTHON, VIDIT_GPU_BUDGET_S, BUILD_DIR (build-gpu), JOBS (16)
+# Logs go to $BUILD_DIR/gpu_logs/ and, when $OUT is set, are copied to $OUT/ as well.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+BUILD=${BUILD_DIR:-build-gpu}
+JOBS=${JOBS:-16}
+BUDGET=${VIDIT_GPU_BUDGET_S:-470}
+DEADLINE=$((SECONDS + BUDGET))
+LOGS="$BUILD/gpu_logs"
+mkdir -p "$LOGS"
+
+left() { echo $((DEADLINE - SECONDS)); }
+# cap N: the smaller of N and the time left (at least 5 s so the step can report).
+cap() { local l; l=$(left); ((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"; }
+say() { echo "[gpu-run $(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+declare -A STATUS DETAIL
+export_logs() {
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp -f "$LOGS"/*.log "$OUT"/ 2>/dev/null || true; fi
+}
+
+summary() {
+  echo
+  echo "================ vidit GPU run summary ================"
+  printf '%-14s %-8s %s\n' step status detail
+  for step in environment configure build tests kernel_error bench; do
+    printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
+  done
+  echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
+  echo "========================================================"
+  export_logs
+}
+
+# ---- environment --------------------------------------------------------------------------
+PY=${PYTHON:-}
+if [[ -z "$PY" ]]; then
+  for cand in python3 python; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import torch' 2>/dev/null; then PY=$(command -v "$cand"); break; fi
+  done
+fi
+if [[ -z "$PY" ]]; then
+  STATUS[environment]=FAIL; DETAIL[environment]="no python with torch (set PYTHON=...)"
+  summary; exit 1
+fi
+TORCH_INFO=$("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())' 2>&1 | tail -n 1)
+say "python $PY: torch $TORCH_INFO"
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-13*/bin; do
+    if [[ -x "$d/nvcc" ]]; then export PATH="$d:$PATH"; break; fi
+  done
+fi
+NVCC=$(command -v nvcc || true)
+GPU=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+say "nvcc: ${NVCC:-none} $([[ -n "$NVCC" ]] && nvcc --version | grep -o 'release [0-9.]*')"
+say "gpu: ${GPU:-nvidia-smi unavailable}"
+STATUS[environment]=ok
+DETAIL[environment]="torch $TORCH_INFO; ${GPU:-no nvidia-smi}"
+if [[ -z "$NVCC" ]]; then
+  STATUS[environment]=FAIL; DETAIL[environment]+="; nvcc not found"
+  summary; exit 1
+fi
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # torch's cmake: no GPU probing, one arch
+
+# ---- dependencies: system, else third_party/debs ------------------------------------------
+DEBS="$ROOT/third_party/debs"
+CMAKE_DIRS=(/usr/lib/x86_64-linux-gnu/cmake /usr/lib/cmake /usr/lib64/cmake /usr/share/cmake
+            /usr/local/lib/cmake /usr/local/lib/x86_64-linux-gnu/cmake /usr/local/share/cmake)
+has_cmake_pkg() {
+  local d
+  for d in "${CMAKE_DIRS[@]}"; do
+    [[ -d "$d" ]] || continue
+    if find "$d" -maxdepth 2 \( -iname "$1Config.cmake" -o -iname "$1-config.cmake" \) 2>/dev/null | grep -q .; then
+      return 0
+    fi
+  done
+  return 1
+}
+missing=()
+for p in tomlplusplus CLI11 nlohmann_json GTest; do has_cmake_pkg "$p" || missing+=("$p"); done
+[[ -f /usr/include/png.h || -f /usr/local/include/png.h ]] || missing+=(libpng)
+command -v pkg-config >/dev/null || command -v pkgconf >/dev/null ||
+  say "WARNING: pkg-config not found; CMakeLists' find_package(PkgConfig REQUIRED) will fail"
+debs_args=()
+use_debs() {
+  local u="$DEBS/usr"
+  debs_args=("-DCMAKE_PREFIX_PATH=$u;$u/lib/x86_64-linux-gnu/cmake;$u/share/cmake")
+  export LD_LIBRARY_PATH="$u/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  say "using unpacked Debian packages from $DEBS"
+}
+if ((${#missing[@]})); then
+  say "not found on this machine: ${missing[*]}"
+  if [[ -d "$DEBS/usr" ]]; then
+    use_debs
+  else
+    say "WARNING: no $DEBS (run scripts/fetch_header_deps.sh where there is network); configure may fail"
+  fi
+fi
+
+# ---- configure ----------------------------------------------------------------------------
+configure() {
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  [[ -f "$BUILD/CMakeCache.txt" ]] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}" "$BUILD/CMakeCache.txt" &&
+    rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+  timeout "$(cap 180)" cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DVIDIT_FFMPEG=AUTO -DVIDIT_CUDA=ON -DPython3_EXECUTABLE="$PY" \
+    -DCMAKE_CUDA_COMPILER="$NVCC" "${debs_args[@]}" >"$LOGS/configure.log" 2>&1
+}
+say "configure -> $LOGS/configure.log"
+t0=$SECONDS
+configure; rc=$?
+if ((rc != 0)) && ((${#debs_args[@]} == 0)) && [[ -d "$DEBS/usr" ]]; then
+  say "configure failed (rc $rc); retrying with $DEBS"
+  use_debs
+  rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+  configure; rc=$?
+fi
+if ((rc != 0)); then
+  tail -n 30 "$LOGS/configure.log"
+  STATUS[configure]=FAIL; DETAIL[configure]="rc $rc after $((SECONDS - t0))s (see configure.log)"
+  summary; exit 1
+fi
+STATUS[configure]=ok
+DETAIL[configure]="$((SECONDS - t0))s; $(grep -E 'vidit: (CUDA kernels|FFmpeg decode|LibTorch)' "$LOGS/configure.log" | sed 's/^-- vidit: //' | paste -sd ',' - | sed 's/,/, /g')"
+grep -E 'vidit:' "$LOGS/configure.log" | sed 's/^/    /'
+
+# ---- build --------------------------------------------------------------------------------
+say "build (-j$JOBS) -> $LOGS/build.log"
+t0=$SECONDS
+# Leave ~100 s for the tests and the benchmark.
+build_cap=$(($(left) - 100)); ((build_cap < 60)) && build_cap=60
+timeout "$build_cap" cmake --build "$BUILD" -j "$JOBS" >"$LOGS/build.log" 2>&1; rc=$?
+if ((rc != 0)); then
+  grep -E -m 20 'error|Error' "$LOGS/build.log"
+  tail -n 20 "$LOGS/build.log"
+  STATUS[build]=FAIL
+  DETAIL[build]="rc $rc after $((SECONDS - t0))s$([[ $rc == 124 ]] && echo ' (timed out)') (see build.log)"
+  # Test whatever did get built.
+else
+  STATUS[build]=ok; DETAIL[build]="$((SECONDS - t0))s"
+fi
+
+# ---- tests --------------------------------------------------------------------------------
+FILTER='LayerNormModulate*:*Cuda*:*Gpu*'
+if [[ -x "$BUILD/vidit_tests" ]]; then
+  say "vidit_tests --gtest_filter='$FILTER' -> $LOGS/tests.log"
+  t0=$SECONDS
+  timeout "$(cap 150)" "$BUILD/vidit_tests" --gtest_filter="$FILTER" --gtest_color=no \
+    >"$LOGS/tests.log" 2>&1; rc=$?
+  grep -E '^\[ *(OK|FAILED|SKIPPED) *\]|LNM_MAXERR|Failure|Skipped' "$LOGS/tests.log" | head -n 60
+  count() { grep -oE "^\[ *$1 *\] [0-9]+ tests?" "$LOGS/tests.log" | grep -oE '[0-9]+' | tail -n 1; }
+  passed=$(count PASSED); failed=$(count FAILED); skipped=$(count SKIPPED)
+  ran=$(grep -oE '^\[=+\] [0-9]+ tests? from' "$LOGS/tests.log" | grep -oE '[0-9]+' | tail -n 1)
+  DETAIL[tests]="${ran:-?} ran: ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped ($((SECONDS - t0))s)"
+  if ((rc == 0)) && [[ -n "$ran" ]] && ((${ran:-0} > 0)); then
+    STATUS[tests]=ok
+  else
+    STATUS[tests]=FAIL
+    ((rc == 124)) && DETAIL[tests]+=" TIMED OUT"
+    ((rc != 0 && rc != 124 && ${failed:-0} == 0)) && DETAIL[tests]+=" rc $rc (crash?)"
+    failed_names=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$LOGS/tests.log" | grep -v ' listed below' |
+                   awk '{print $4}' | sort -u | paste -sd ' ' -)
+    [[ -n "$failed_names" ]] && DETAIL[tests]+="; failed: $failed_names"
+  fi
+  if [[ ${skipped:-0} -gt 0 ]]; then
+    DETAIL[tests]+="; skipped: $(grep -E '^\[  SKIPPED \] [A-Za-z]' "$LOGS/tests.log" | awk '{print $4}' | sort -u | paste -sd ' ' -)"
+  fi
+  errs=$(grep -oE 'LNM_MAXERR [a-z_0-9]+ [0-9.eE+-]+' "$LOGS/tests.log" | awk '{printf "%s %s, ", $2, $3}')
+  if [[ -n "$errs" ]]; then
+    STATUS[kernel_error]=ok; DETAIL[kernel_error]="max |fused - reference|: ${errs%, }"
+  else
+    STATUS[kernel_error]="n/a"; DETAIL[kernel_error]="no LNM_MAXERR lines (CUDA kernel tests skipped or not run)"
+  fi
+else
+  STATUS[tests]=FAIL; DETAIL[tests]="$BUILD/vidit_tests was not built"
+fi
+
+# ---- benchmark ----------------------------------------------------------------------------
+if [[ -x "$BUILD/bench_train_step" ]]; then
+  if (($(left) > 15)); then
+    say "bench_train_step --device cuda -> $LOGS/bench.log"
+    t0=$SECONDS
+    timeout "$(cap 120)" "$BUILD/bench_train_step" --device cuda >"$LOGS/bench.log" 2>&1; rc=$?
+    tail -n 15 "$LOGS/bench.log"
+    if ((rc == 0)); then
+      STATUS[bench]=ok
+      DETAIL[bench]="$((SECONDS - t0))s; $(grep -v '^\s*$' "$LOGS/bench.log" | tail -n 1 | cut -c1-100)"
+    else
+      STATUS[bench]=FAIL
+      DETAIL[bench]="rc $rc$([[ $rc == 124 ]] && echo ' (timed out)'); $(grep -v '^\s*$' "$LOGS/bench.log" | tail -n 1 | cut -c1-100)"
+    fi
+  else
+    STATUS[bench]=skipped; DETAIL[bench]="no time left in the ${BUDGET}s budget"
+  fi
+else
+  STATUS[bench]=absent; DETAIL[bench]="$BUILD/bench_train_step not built"
+fi
+
+summary
+[[ ${STATUS[configure]} == ok && ${STATUS[build]} == ok && ${STATUS[tests]} == ok ]]

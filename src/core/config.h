@@ -1,0 +1,108 @@
+// Typed configuration for every part of vidit. The defaults are the embedded demo (a tiny DiT
+// on the demo codec's latents), so `vidit demo` needs no file.
+//, read from TOML with `--set key=value`
+// overrides. Unknown keys (with the closest valid key suggested), wrong types and impossible
+// shapes are refused by load_config() before any work starts.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vidit {
+
+struct ModelConfig {
+  int64_t dim = 96;             // hidden size of every block
+  int64_t ffn_dim = 256;        // MLP hidden size
+  int64_t heads = 4;            // attention heads; dim % heads == 0, head_dim even
+  int64_t layers = 4;           // number of DiT blocks
+  int64_t in_channels = 48;     // latent channels in (demo codec: 3*4*4)
+  int64_t out_channels = 48;    // latent channels predicted
+  std::array<int64_t, 3> patch{1, 2, 2};  // (t, h, w) patch of the Conv3d embedding
+  int64_t text_dim = 32;        // width of the text embeddings fed in (umT5: 4096)
+  int64_t text_len = 8;         // text tokens; shorter captions are zero-padded (Wan: 512)
+  int64_t freq_dim = 256;       // sinusoidal timestep embedding width
+  double eps = 1e-6;            // LayerNorm / RMSNorm epsilon
+  double rope_theta = 10000.0;  // RoPE base
+};
+
+struct DataConfig {
+  std::string source = "demo";  // "demo" (generated shape videos) or "synthetic" (random latents)
+  // Latent size of one training sample (frames, height, width), after the VAE / demo codec.
+  int64_t latent_frames = 8;
+  int64_t latent_height = 8;
+  int64_t latent_width = 8;
+};
+
+struct DiffusionConfig {
+  std::string timestep_sampling = "logit_normal";  // "uniform" or "logit_normal"
+  double logit_mean = 0.0;        // mean of the logit-normal sigma distribution
+  double logit_std = 1.0;         // std of the logit-normal sigma distribution
+  double shift = 1.0;             // sigma' = s*sigma / (1 + (s-1)*sigma)
+  double text_drop_prob = 0.1;    // probability of the null text for classifier-free guidance
+};
+
+struct TrainConfig {
+  int64_t steps = 100;            // optimizer steps
+  int64_t batch_size = 8;         // samples per micro-batch
+  int64_t grad_accum = 1;         // micro-batches per optimizer step
+  double lr = 1e-3;               // peak learning rate
+  double min_lr_ratio = 0.1;      // cosine floor as a fraction of lr
+  int64_t warmup_steps = 10;      // linear warm-up steps
+  std::string schedule = "cosine";  // "cosine" or "constant" after warm-up
+  double weight_decay = 0.01;     // AdamW decay (never on norms, biases, modulation)
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;         // global-norm clip; 0 disables
+  double ema_decay = 0.999;       // EMA of the weights; 0 disables
+  uint64_t seed = 0;              // seeds init, data order, noise and timesteps
+  std::string precision = "fp32"; // "fp32" or "bf16" (autocast matmuls; fp32 norms/modulation/RoPE)
+  std::string out_dir = "runs/demo";  // checkpoints, metrics.jsonl, samples
+  int64_t log_every = 1;          // steps between log lines
+  int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
+  int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
+  int64_t threads = 0;            // intra-op threads; 0 = all cores
+};
+
+struct SampleConfig {
+  int64_t steps = 30;             // Euler steps from sigma=1 to 0
+  double shift = 1.0;             // sigma schedule shift at sampling
+  double cfg_scale = 3.0;         // classifier-free guidance scale; 1 disables
+  uint64_t seed = 1;
+};
+
+struct DemoConfig {
+  int64_t videos = 192;           // training clips generated
+  int64_t frame_size = 32;        // training frame size in pixels (square), after center crop
+  int64_t frames = 8;             // training frames per clip
+  int64_t codec_block = 4;        // space-to-depth block of the lossless demo codec
+  int64_t text_dim = 32;          // width of the built-in caption embedder
+  int64_t samples_per_prompt = 4; // generated videos per held-out prompt in the check
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  DiffusionConfig diffusion;
+  TrainConfig train;
+  SampleConfig sample;
+  DemoConfig demo;
+  std::string source;  // file it came from (for messages)
+};
+
+// Loads `path` (may be empty: defaults only), applies `overrides` ("section.key=value"),
+// validates. Throws vidit::Error naming the key and file on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+// The resolved config as TOML (printed at start and stored in checkpoints).
+std::string config_to_toml(const Config& c);
+// Throws when shapes are impossible (dim % heads, latent % patch, ...).
+void validate_config(const Config& c);
+
+int64_t head_dim(const ModelConfig& m);
+// Tokens of one sample: (T/pt)*(H/ph)*(W/pw).
+int64_t tokens_per_sample(const Config& c);
+
+}  // namespace vidit

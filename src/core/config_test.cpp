@@ -1,0 +1,92 @@
+#include "core/config.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/model_info.h"
+
+namespace vidit {
+namespace {
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_config(toml, "cfg.toml", sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsAreTheDemoAndValid) {
+  Config c = parse_config("", "<defaults>");
+  EXPECT_EQ(c.data.source, "demo");
+  EXPECT_EQ(c.model.in_channels, 3 * c.demo.codec_block * c.demo.codec_block);
+}
+
+TEST(Config, UnknownKeySuggestsClosest) {
+  std::string e = error_of("[train]\nlearning_rate = 1e-4\nbatch_sise = 3\n");
+  EXPECT_NE(e.find("cfg.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key"), std::string::npos) << e;
+  EXPECT_TRUE(e.find("did you mean 'train.batch_size'") != std::string::npos ||
+              e.find("did you mean 'train.") != std::string::npos) << e;
+  e = error_of("[train]\nbatch_sise = 3\n");
+  EXPECT_NE(e.find("'train.batch_sise'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'train.batch_size'"), std::string::npos) << e;
+  e = error_of("[modle]\ndim = 3\n");
+  EXPECT_NE(e.find("unknown section 'modle'; did you mean 'model'"), std::string::npos) << e;
+}
+
+TEST(Config, WrongTypeNamesKey) {
+  std::string e = error_of("[model]\ndim = \"big\"\n");
+  EXPECT_NE(e.find("'model.dim' must be an integer"), std::string::npos) << e;
+  e = error_of("[train]\nlr = \"fast\"\n");
+  EXPECT_NE(e.find("'train.lr' must be a number"), std::string::npos) << e;
+  e = error_of("[model]\npatch = [1, 2]\n");
+  EXPECT_NE(e.find("'model.patch' must be an array of 3 integers"), std::string::npos) << e;
+}
+
+TEST(Config, ImpossibleShapesRefused) {
+  std::string e = error_of("[model]\ndim = 100\nheads = 3\n");
+  EXPECT_NE(e.find("model.dim (100) must be divisible by model.heads (3)"), std::string::npos) << e;
+  e = error_of("[data]\nsource = \"synthetic\"\nlatent_height = 7\n");
+  EXPECT_NE(e.find("data.latent_height (7) is not divisible by the patch size 2"), std::string::npos) << e;
+  e = error_of("[train]\nprecision = \"fp8\"\n");
+  EXPECT_NE(e.find("train.precision"), std::string::npos) << e;
+}
+
+TEST(Config, SetOverridesAndTypos) {
+  Config c = parse_config("", "x", {"train.lr=3e-4", "train.precision=bf16", "model.patch=[1, 2, 2]"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.train.precision, "bf16");
+  std::string e = error_of("", {"train.stepz=3"});
+  EXPECT_NE(e.find("did you mean 'train.steps'"), std::string::npos) << e;
+  e = error_of("", {"trian.steps=3"});
+  EXPECT_NE(e.find("did you mean 'train'"), std::string::npos) << e;
+  e = error_of("", {"steps=3"});
+  EXPECT_NE(e.find("section.key"), std::string::npos) << e;
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  Config a = parse_config("", "x", {"train.lr=0.000123", "model.layers=3", "train.out_dir=\"runs/x y\""});
+  Config b = parse_config(config_to_toml(a), "y");
+  EXPECT_EQ(config_to_toml(a), config_to_toml(b));
+  EXPECT_EQ(b.model.layers, 3);
+  EXPECT_EQ(b.train.out_dir, "runs/x y");
+}
+
+TEST(Config, ShippedConfigsLoadWithExpectedParameterCounts) {
+  const std::string dir = std::string(VIDIT_SOURCE_DIR) + "/configs/";
+  Config demo = load_config(dir + "demo.toml");
+  EXPECT_EQ(config_to_toml(demo), config_to_toml(parse_config("", "<defaults>")))
+      << "configs/demo.toml must equal the embedded defaults";
+  const std::pair<const char*, double> presets[] = {{"wan2.1-1.3b.toml", 1.419e9}, {"wan2.1-14b.toml", 14.288e9}};
+  for (auto [file, want] : presets) {
+    Config c = load_config(dir + file);
+    const double n = double(count_parameters(c.model));
+    EXPECT_LT(std::abs(n - want) / want, 0.005) << file << ": " << n;
+  }
+  EXPECT_THROW(load_config(dir + "no_such.toml"), Error);
+}
+
+}  // namespace
+}  // namespace vidit

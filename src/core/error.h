@@ -1,0 +1,37 @@
+// Errors: one exception type for everything a user can fix (bad config, bad file, bad
+// checkpoint). The message always names the file / key / sample and says what to do.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace vidit {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+namespace detail {
+inline void append(std::ostringstream&) {}
+template <typename T, typename... Rest>
+void append(std::ostringstream& os, const T& v, const Rest&... rest) {
+  os << v;
+  append(os, rest...);
+}
+}  // namespace detail
+
+// Builds a message from any streamable parts: fail("key '", k, "' must be > 0").
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream os;
+  detail::append(os, parts...);
+  throw Error(os.str());
+}
+
+#define VIDIT_CHECK(cond, ...)            \
+  do {                                    \
+    if (!(cond)) ::vidit::fail(__VA_ARGS__); \
+  } while (0)
+
+}  // namespace vidit

@@ -1,0 +1,30 @@
+// safetensors files: an 8-byte little-endian header length N, N bytes of JSON describing each
+// tensor (dtype, shape, data_offsets into the byte buffer that follows), then the raw bytes.
+// Readable by every Python tool; no pickle. Writes are atomic (temporary file, fsync, rename).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+namespace vidit {
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+// Writes `tensors` (any device; copied to CPU, made contiguous) and optional string metadata
+// to `path` atomically. Throws vidit::Error with the path on any I/O failure.
+void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Reads every tensor of `path` into owned CPU tensors. Throws vidit::Error naming the file and
+// the offending tensor on a malformed header, unknown dtype, bad offsets or a truncated file.
+TensorMap load_safetensors(const std::string& path,
+                           std::map<std::string, std::string>* metadata = nullptr);
+// Same, from bytes in memory (`name` is used in messages). Used by the fuzz-style tests.
+TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string& name,
+                            std::map<std::string, std::string>* metadata = nullptr);
+
+// Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename, fsync of the directory.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace vidit

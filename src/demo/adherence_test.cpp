@@ -1,0 +1,93 @@
+#include "demo/adherence.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "../../tests/test_util.h"
+#include "core/error.h"
+#include "data/video_decoder.h"
+#include "demo/caption_embedder.h"
+#include "demo/demo_codec.h"
+#include "demo/demo_data.h"
+#include "demo/shapes.h"
+
+namespace vidit::demo {
+namespace {
+
+using test::ScratchDir;
+
+// Renders a clip, encodes it to H.264 MP4 with FFmpeg and decodes it back: a real video file.
+at::Tensor through_mp4(const ClipSpec& spec, const ScratchDir& dir, const std::string& name) {
+  encode_video_mp4(dir / name, render_clip(spec), 8.0, 10);
+  return decode_video(dir / name).frames;
+}
+
+TEST(DemoAdherence, ScoresRealMovingShapeVideos) {
+  if (!video_decoding_available()) GTEST_SKIP() << "built without FFmpeg";
+  ScratchDir dir("adh");
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  int n = 0;
+  for (int colour = 0; colour < 4; ++colour)
+    for (Direction d : directions()) {
+      ClipSpec spec = random_clip(colour, (colour + n) % 2, d, 32, 32, 8, 32, gen);
+      at::Tensor frames = through_mp4(spec, dir, "c" + std::to_string(n++) + ".mp4");
+      ClipAnalysis a = analyse_clip(frames);
+      EXPECT_TRUE(adheres(a, colour, d)) << caption(spec) << " analysed as " << a.describe();
+      // Scored against another prompt it fails.
+      EXPECT_FALSE(adheres(a, (colour + 1) % 4, d)) << caption(spec);
+      Direction wrong = d == Direction::Left ? Direction::Right : Direction::Left;
+      EXPECT_FALSE(adheres(a, colour, wrong)) << caption(spec);
+    }
+}
+
+TEST(DemoAdherence, StaticBlankAndNoiseVideosFail) {
+  if (!video_decoding_available()) GTEST_SKIP() << "built without FFmpeg";
+  ScratchDir dir("adh_static");
+  ClipSpec still;
+  still.colour = 2, still.speed = 0;  // a blue square that does not move
+  ClipAnalysis a = analyse_clip(through_mp4(still, dir, "still.mp4"));
+  EXPECT_TRUE(a.object_found);
+  EXPECT_EQ(a.colour, 2);
+  EXPECT_FALSE(a.moving) << a.describe();
+  for (Direction d : directions()) EXPECT_FALSE(adheres(a, 2, d));
+  // Nothing on screen.
+  EXPECT_FALSE(analyse_clip(at::zeros({8, 32, 32, 3}, at::kByte)).object_found);
+  // Random noise (what an untrained model produces) is not a moving object.
+  at::Tensor noise = at::randint(0, 256, {8, 32, 32, 3}, at::kLong).to(at::kByte);
+  ClipAnalysis n = analyse_clip(noise);
+  bool any = false;
+  for (int c = 0; c < 4; ++c)
+    for (Direction d : directions()) any |= adheres(n, c, d);
+  EXPECT_FALSE(any) << n.describe();
+}
+
+TEST(DemoCodec, SpaceToDepthRoundTripIsLossless) {
+  at::Tensor frames = at::randint(0, 256, {3, 16, 24, 3}, at::kLong).to(at::kByte);
+  at::Tensor lat = codec_encode(frames, 4);
+  EXPECT_EQ(lat.sizes(), (std::vector<int64_t>{48, 3, 4, 6}));
+  EXPECT_LE(lat.max().item<float>(), 1.0f);
+  EXPECT_GE(lat.min().item<float>(), -1.0f);
+  EXPECT_TRUE(at::equal(codec_decode(lat, 4), frames));
+  // A pixel's channels land in one latent position: block (0,0) of frame 0 holds pixel (1,2).
+  at::Tensor one = at::zeros({1, 4, 4, 3}, at::kByte);
+  one[0][1][2][0] = 255;
+  at::Tensor l1 = codec_encode(one, 4);
+  EXPECT_EQ((l1 > -1).sum().item<int64_t>(), 1);
+}
+
+TEST(DemoData, CaptionsEmbedPerWordAndCropCentres) {
+  at::Tensor a = embed_caption("a red square moving left", 8, 16);
+  at::Tensor b = embed_caption("a blue square moving left", 8, 16);
+  EXPECT_TRUE(at::equal(a[0], b[0]));       // "a"
+  EXPECT_FALSE(at::equal(a[1], b[1]));      // "red" vs "blue"
+  EXPECT_TRUE(at::equal(a[4], b[4]));       // "left"
+  EXPECT_EQ(a[5].abs().sum().item<float>(), 0.0f);  // padding
+  EXPECT_THROW(embed_caption("one two three", 2, 4), Error);
+  at::Tensor f = at::arange(2 * 6 * 8 * 3, at::kLong).view({2, 6, 8, 3}).to(at::kByte);
+  at::Tensor c = centre_crop(f, 4, 1);
+  EXPECT_EQ(c.sizes(), (std::vector<int64_t>{1, 4, 4, 3}));
+  EXPECT_TRUE(at::equal(c[0][0][0], f[0][1][2]));
+}
+
+}  // namespace
+}  // namespace vidit::demo

@@ -1,0 +1,117 @@
+#include "demo/demo.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/plot.h"
+#include "data/video_decoder.h"
+#include "demo/adherence.h"
+#include "demo/caption_embedder.h"
+#include "demo/demo_codec.h"
+#include "demo/demo_data.h"
+#include "demo/shapes.h"
+#include "diffusion/sampler.h"
+#include "model/state_dict.h"
+#include "train/trainer.h"
+
+namespace vidit::demo {
+
+std::vector<at::Tensor> sample_captions(DiT& model, const Config& cfg,
+                                        const std::vector<std::string>& captions, uint64_t seed) {
+  model->eval();
+  const auto& m = cfg.model;
+  std::vector<at::Tensor> texts;
+  for (const auto& c : captions) texts.push_back(embed_caption(c, m.text_len, m.text_dim));
+  at::Tensor text = at::stack(texts);
+  at::Tensor null_text = at::zeros({m.text_len, m.text_dim});
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor noise = at::randn({int64_t(captions.size()), m.in_channels, cfg.data.latent_frames,
+                                cfg.data.latent_height, cfg.data.latent_width}, gen, at::kFloat);
+  EulerOptions opt{cfg.sample.steps, cfg.sample.shift, cfg.sample.cfg_scale};
+  auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+    return model->forward(x, t, txt);
+  };
+  at::Tensor lat = euler_sample(field, noise, text, null_text, opt);
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < lat.size(0); ++i) out.push_back(codec_decode(lat[i], cfg.demo.codec_block));
+  model->train();
+  return out;
+}
+
+DemoReport run_demo(const Config& cfg, bool resume) {
+  namespace fs = std::filesystem;
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::string out = cfg.train.out_dir;
+  fs::create_directories(out);
+  DemoReport report;
+
+  std::printf("[demo] 1/4 making %lld shape videos (H.264 MP4) in %s/videos\n", (long long)cfg.demo.videos, out.c_str());
+  std::fflush(stdout);
+  auto entries = make_demo_videos(cfg, out + "/videos");
+  std::printf("[demo] 2/4 decoding them with FFmpeg and encoding latents (demo codec, block %lld)\n",
+              (long long)cfg.demo.codec_block);
+  std::fflush(stdout);
+  LoadedDemo data = load_demo_dataset(cfg, entries);
+  for (const auto& s : data.skipped) std::printf("[demo] skipped %s\n", s.c_str());
+  std::printf("[demo]     %lld clips -> latents %s\n", (long long)data.dataset->size(),
+              c10::str(data.dataset->get(0).latent.sizes()).c_str());
+
+  std::printf("[demo] 3/4 training the DiT (%lld steps)\n", (long long)cfg.train.steps);
+  std::fflush(stdout);
+  Trainer trainer(cfg, data.dataset, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
+  if (resume && trainer.resume())
+    std::printf("[demo]     resumed at step %lld\n", (long long)trainer.steps_done());
+  const auto t_train = std::chrono::steady_clock::now();
+  report.losses = trainer.fit();
+  report.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
+  write_loss_curve_png(out + "/loss.png", report.losses);
+
+  // Sample with the EMA weights when there are any.
+  DiT model = trainer.model();
+  if (trainer.ema()) {
+    model = DiT(cfg.model);
+    load_state_dict(*model, trainer.ema()->weights(), "EMA weights");
+  }
+  std::vector<std::string> captions;
+  std::vector<std::pair<int, Direction>> want;
+  for (int c = 0; c < int(palette().size()); ++c)
+    for (Direction d : directions())
+      if (held_out(c, d))
+        for (int s = 0; s < int(shape_names().size()); ++s)
+          for (int64_t k = 0; k < cfg.demo.samples_per_prompt; ++k) {
+            ClipSpec spec;
+            spec.colour = c, spec.shape = s, spec.direction = d;
+            captions.push_back(caption(spec));
+            want.emplace_back(c, d);
+          }
+  std::printf("[demo] 4/4 sampling %zu clips for prompts held out of training (%lld Euler steps, cfg %.1f)\n",
+              captions.size(), (long long)cfg.sample.steps, cfg.sample.cfg_scale);
+  std::fflush(stdout);
+  auto clips = sample_captions(model, cfg, captions, cfg.sample.seed);
+  fs::create_directories(out + "/samples");
+  for (size_t i = 0; i < clips.size(); ++i) {
+    ClipAnalysis a = analyse_clip(clips[i]);
+    const bool ok = adheres(a, want[i].first, want[i].second);
+    report.correct += ok;
+    ++report.total;
+    std::string name = captions[i].substr(2);
+    std::replace(name.begin(), name.end(), ' ', '_');
+    std::string path = out + "/samples/" + name + "_" + std::to_string(i % cfg.demo.samples_per_prompt) + ".mp4";
+    encode_video_mp4(path, clips[i], 8.0, 10, /*upscale=*/4);
+    std::printf("[demo]     %-28s -> %-44s %s\n", captions[i].c_str(), a.describe().c_str(), ok ? "ok" : "MISS");
+  }
+  report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::printf("[demo] prompt adherence on held-out prompts: %d/%d = %.1f%% (target >= 90%%)\n", report.correct,
+              report.total, 100.0 * report.adherence());
+  std::printf("[demo] final loss %.4f; training %.0f s; whole demo %.0f s\n",
+              report.losses.empty() ? 0.0 : report.losses.back(), report.train_seconds, report.total_seconds);
+  std::printf("[demo] outputs: %s/samples/*.mp4, %s/loss.png, %s/metrics.jsonl, %s/checkpoints/\n",
+              out.c_str(), out.c_str(), out.c_str(), out.c_str());
+  return report;
+}
+
+}  // namespace vidit::demo

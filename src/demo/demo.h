@@ -1,0 +1,29 @@
+// `vidit demo`: the embedded end-to-end run. Makes shape videos (H.264 via FFmpeg), decodes
+// them, encodes them with the demo codec, trains a tiny DiT on the CPU with flow matching,
+// samples the (colour, direction) pairs held out of training, writes the samples as MP4 and the
+// loss curve as PNG, and measures prompt adherence.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/dit.h"
+
+namespace vidit::demo {
+
+struct DemoReport {
+  int correct = 0, total = 0;
+  double adherence() const { return total ? double(correct) / total : 0.0; }
+  std::vector<double> losses;
+  double train_seconds = 0, total_seconds = 0;
+};
+
+// Runs everything under cfg.train.out_dir. `resume`: continue from its latest checkpoint.
+DemoReport run_demo(const Config& cfg, bool resume);
+
+// Generates one clip per caption with the Euler sampler (cfg.sample) and decodes it with the
+// demo codec: returns frames [T, H, W, 3] uint8 per caption.
+std::vector<at::Tensor> sample_captions(DiT& model, const Config& cfg,
+                                        const std::vector<std::string>& captions, uint64_t seed);
+
+}  // namespace vidit::demo

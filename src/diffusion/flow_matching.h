@@ -1,0 +1,33 @@
+// Flow matching, Wan's convention. For clean latents x0 and noise eps ~ N(0, I):
+//   x_t = (1 - sigma) * x0 + sigma * eps,   target v = eps - x0,   model timestep = sigma * 1000.
+// sigma is drawn uniform(0,1) or logit-normal(m, s) = sigmoid(N(m, s)), then shifted:
+//   sigma' = s*sigma / (1 + (s - 1)*sigma)   (s > 1 spends more steps at high noise).
+#pragma once
+#include <ATen/ATen.h>
+
+#include "core/config.h"
+
+namespace vidit {
+
+at::Tensor shift_sigma(const at::Tensor& sigma, double shift);
+
+// B sigmas in (0, 1) per the config's distribution and shift, drawn from `gen`.
+at::Tensor sample_sigmas(int64_t B, const DiffusionConfig& cfg, at::Generator& gen);
+
+struct FlowSample {
+  at::Tensor x_t;       // noisy latents, like x0
+  at::Tensor target;    // eps - x0
+  at::Tensor timestep;  // [B] sigma * 1000
+};
+
+// Builds the training input and target from x0 [B, ...], noise like x0 and sigma [B].
+FlowSample make_flow_sample(const at::Tensor& x0, const at::Tensor& noise, const at::Tensor& sigma);
+
+// Mean squared error between the predicted and target velocity (fp32).
+at::Tensor flow_loss(const at::Tensor& pred, const at::Tensor& target);
+
+// Replaces each sample's text with `null_text` with probability p (classifier-free guidance
+// training). text [B, Lt, D]; null_text [Lt, D] or [1, Lt, D].
+at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, double p, at::Generator& gen);
+
+}  // namespace vidit

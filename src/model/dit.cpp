@@ -1,0 +1,122 @@
+#include "model/dit.h"
+
+#include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
+
+#include "core/error.h"
+#include "model/rope.h"
+
+namespace vidit {
+namespace nn = torch::nn;
+
+at::Tensor sinusoidal_embedding(const at::Tensor& t, int64_t dim) {
+  const int64_t half = dim / 2;
+  at::Tensor f = at::pow(10000.0, -at::arange(half, t.options().dtype(at::kDouble)) / double(half));
+  at::Tensor args = at::outer(t.to(at::kDouble), f);
+  return at::cat({at::cos(args), at::sin(args)}, 1).to(at::kFloat);
+}
+
+DiTBlockImpl::DiTBlockImpl(const ModelConfig& c) : eps(c.eps) {
+  self_attn = register_module("self_attn", SelfAttention(c.dim, c.heads, c.eps));
+  cross_attn = register_module("cross_attn", CrossAttention(c.dim, c.heads, c.eps));
+  norm3 = register_module("norm3", nn::LayerNorm(nn::LayerNormOptions({c.dim}).eps(c.eps)));
+  ffn = register_module("ffn", nn::Sequential(nn::Linear(c.dim, c.ffn_dim),
+                                              nn::GELU(nn::GELUOptions().approximate("tanh")),
+                                              nn::Linear(c.ffn_dim, c.dim)));
+  modulation = register_parameter("modulation", at::zeros({1, 6, c.dim}));
+}
+
+at::Tensor DiTBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& e0,
+                                 const at::Tensor& context, const at::Tensor& cos,
+                                 const at::Tensor& sin) {
+  // e: shift, scale, gate (attention) then shift, scale, gate (MLP); each [B, 1, dim] fp32.
+  auto e = (fp32(modulation) + e0).chunk(6, 1);
+  at::Tensor x = x_in;
+  at::Tensor y = self_attn->forward(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
+  x = x + fp32(y) * e[2];
+  x = x + fp32(cross_attn->forward(norm3(x), context));
+  y = ffn->forward(layernorm_modulate(x, e[3], e[4], eps));
+  return x + fp32(y) * e[5];
+}
+
+HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {
+  head = register_module("head",
+                         nn::Linear(c.dim, c.out_channels * c.patch[0] * c.patch[1] * c.patch[2]));
+  modulation = register_parameter("modulation", at::zeros({1, 2, c.dim}));
+}
+
+at::Tensor HeadImpl::forward(const at::Tensor& x, const at::Tensor& e) {
+  auto m = (fp32(modulation) + fp32(e).unsqueeze(1)).chunk(2, 1);  // shift, scale
+  return fp32(head(layernorm_modulate(x, m[0], m[1], eps)));
+}
+
+DiTImpl::DiTImpl(const ModelConfig& c) : cfg(c) {
+  patch_embedding = register_module(
+      "patch_embedding",
+      nn::Conv3d(nn::Conv3dOptions(c.in_channels, c.dim, {c.patch[0], c.patch[1], c.patch[2]})
+                     .stride({c.patch[0], c.patch[1], c.patch[2]})));
+  text_embedding = register_module(
+      "text_embedding", nn::Sequential(nn::Linear(c.text_dim, c.dim),
+                                       nn::GELU(nn::GELUOptions().approximate("tanh")),
+                                       nn::Linear(c.dim, c.dim)));
+  time_embedding = register_module(
+      "time_embedding", nn::Sequential(nn::Linear(c.freq_dim, c.dim), nn::SiLU(), nn::Linear(c.dim, c.dim)));
+  time_projection =
+      register_module("time_projection", nn::Sequential(nn::SiLU(), nn::Linear(c.dim, 6 * c.dim)));
+  blocks = register_module("blocks", nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(DiTBlock(c));
+  head = register_module("head", Head(c));
+}
+
+void DiTImpl::init_weights() {
+  torch::NoGradGuard ng;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<nn::Linear>()) {
+      nn::init::xavier_uniform_(lin->weight);
+      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
+    }
+  }
+  at::Tensor w = patch_embedding->weight;  // xavier on the flattened [out, in*kt*kh*kw] view
+  w.copy_(nn::init::xavier_uniform_(w.new_empty({w.size(0), w[0].numel()})).view(w.sizes()));
+  nn::init::zeros_(patch_embedding->bias);
+  for (auto* seq : {&text_embedding, &time_embedding})
+    for (auto& m : (*seq)->modules(false))
+      if (auto* lin = m->as<nn::Linear>()) nn::init::normal_(lin->weight, 0.0, 0.02);
+  for (auto& b : *blocks) {
+    auto blk = b->as<DiTBlockImpl>();
+    blk->modulation.copy_(at::randn_like(blk->modulation) / std::sqrt(double(cfg.dim)));
+  }
+  head->modulation.copy_(at::randn_like(head->modulation) / std::sqrt(double(cfg.dim)));
+  nn::init::zeros_(head->head->weight);
+}
+
+at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) {
+  const auto& c = cfg;
+  VIDIT_CHECK(x.dim() == 5 && x.size(1) == c.in_channels, "DiT: latents must be [B, ", c.in_channels,
+              ", T, H, W], got ", x.sizes());
+  VIDIT_CHECK(x.size(2) % c.patch[0] == 0 && x.size(3) % c.patch[1] == 0 && x.size(4) % c.patch[2] == 0,
+              "DiT: latent size ", x.sizes(), " is not divisible by the patch");
+  VIDIT_CHECK(text.dim() == 3 && text.size(0) == x.size(0) && text.size(2) == c.text_dim &&
+                  text.size(1) <= c.text_len,
+              "DiT: text must be [B, <=", c.text_len, ", ", c.text_dim, "], got ", text.sizes());
+  const int64_t B = x.size(0), f = x.size(2) / c.patch[0], h = x.size(3) / c.patch[1],
+                w = x.size(4) / c.patch[2];
+
+  at::Tensor tokens = fp32(patch_embedding(x).flatten(2).transpose(1, 2));  // [B, L, dim]
+  const auto real = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor e = fp32(time_embedding->forward(sinusoidal_embedding(t, c.freq_dim).to(x.device(), real)));
+  at::Tensor e0 = fp32(time_projection->forward(e)).unflatten(1, {6, c.dim});
+  at::Tensor padded = at::constant_pad_nd(text, {0, 0, 0, c.text_len - text.size(1)});
+  at::Tensor context = text_embedding->forward(padded);
+  auto [cos, sin] = rope_tables(f, h, w, c.dim / c.heads, c.rope_theta, x.device());
+
+  for (auto& b : *blocks) tokens = b->as<DiTBlockImpl>()->forward(tokens, e0, context, cos, sin);
+  at::Tensor out = head(tokens, e);  // [B, L, pt*ph*pw*C]
+
+  // unpatchify: [B, f, h, w, pt, ph, pw, C] -> [B, C, f*pt, h*ph, w*pw]
+  out = out.view({B, f, h, w, c.patch[0], c.patch[1], c.patch[2], c.out_channels});
+  out = out.permute({0, 7, 1, 4, 2, 5, 3, 6});
+  return out.reshape({B, c.out_channels, f * c.patch[0], h * c.patch[1], w * c.patch[2]});
+}
+
+}  // namespace vidit

@@ -1,0 +1,66 @@
+// The video Diffusion Transformer (Wan 2.1 layout). Single-device, no parallelism inside.
+//
+//   latents x [B, C, T, H, W] --Conv3d patch (pt,ph,pw)--> tokens [B, L, dim], L = T/pt*H/ph*W/pw
+//   timestep t [B] (sigma*1000) --sinusoid(freq_dim)--> time_embedding --> e [B, dim]
+//                                 time_projection(e) --> e0 [B, 6, dim]  (shared adaLN)
+//   text [B, <=text_len, text_dim] --zero-pad--> text_embedding --> context [B, text_len, dim]
+//   blocks: self-attn (modulated, gated) -> cross-attn -> MLP (modulated, gated)
+//   head: LayerNorm, modulate by head.modulation + e, Linear --> unpatchify [B, C_out, T, H, W]
+//
+// Parameter names equal the official Wan 2.1 keys (see state_dict.h).
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "core/config.h"
+#include "model/layers.h"
+
+namespace vidit {
+
+struct DiTBlockImpl : torch::nn::Module {
+  DiTBlockImpl(const ModelConfig& cfg);
+  // x [B, L, dim] fp32 residual stream; e0 [B, 6, dim] fp32; context [B, Lt, dim].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& e0, const at::Tensor& context,
+                     const at::Tensor& cos, const at::Tensor& sin);
+  double eps;
+  SelfAttention self_attn{nullptr};
+  CrossAttention cross_attn{nullptr};
+  torch::nn::LayerNorm norm3{nullptr};
+  torch::nn::Sequential ffn{nullptr};
+  at::Tensor modulation;  // [1, 6, dim]
+};
+TORCH_MODULE(DiTBlock);
+
+struct HeadImpl : torch::nn::Module {
+  HeadImpl(const ModelConfig& cfg);
+  // x [B, L, dim], e [B, dim] -> [B, L, out_channels * pt * ph * pw]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& e);
+  double eps;
+  torch::nn::Linear head{nullptr};
+  at::Tensor modulation;  // [1, 2, dim]
+};
+TORCH_MODULE(Head);
+
+struct DiTImpl : torch::nn::Module {
+  explicit DiTImpl(const ModelConfig& cfg);
+  // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text);
+  // Wan's initialisation, drawn from the global torch generator (seed it first).
+  void init_weights();
+
+  ModelConfig cfg;
+  torch::nn::Conv3d patch_embedding{nullptr};
+  torch::nn::Sequential text_embedding{nullptr}, time_embedding{nullptr}, time_projection{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  Head head{nullptr};
+};
+TORCH_MODULE(DiT);
+
+// Sinusoidal embedding of t [B] into [B, dim]: cat(cos(t*f), sin(t*f)), f_j = 10000^(-j/(dim/2)).
+at::Tensor sinusoidal_embedding(const at::Tensor& t, int64_t dim);
+
+}  // namespace vidit

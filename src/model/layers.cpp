@@ -1,0 +1,67 @@
+#include "model/layers.h"
+
+#include "kernels/layernorm_modulate.h"
+#include "model/rope.h"
+
+namespace vidit {
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  at::Tensor xf = fp32(x);
+  return xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps) * fp32(weight);
+}
+
+at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                              double eps) {
+  if (x.is_cuda() && layernorm_modulate_cuda_available())
+    return layernorm_modulate_fused(x, shift, scale, eps);
+  at::Tensor xf = fp32(x);
+  return at::layer_norm(xf, {xf.size(-1)}, {}, {}, eps) * (1 + scale) + shift;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  // SDPA wants [B, heads, L, hd]; on CUDA it picks flash / cuDNN / memory-efficient kernels.
+  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2).to(q.scalar_type()));
+  return o.transpose(1, 2).flatten(2);
+}
+
+SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
+  q = register_module("q", torch::nn::Linear(dim, dim));
+  k = register_module("k", torch::nn::Linear(dim, dim));
+  v = register_module("v", torch::nn::Linear(dim, dim));
+  o = register_module("o", torch::nn::Linear(dim, dim));
+  norm_q = register_module("norm_q", RMSNorm(dim, eps));
+  norm_k = register_module("norm_k", RMSNorm(dim, eps));
+}
+
+at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                      const at::Tensor& sin) {
+  const int64_t B = x.size(0), L = x.size(1), hd = x.size(2) / heads;
+  at::Tensor qh = rope_apply(norm_q(q(x)).view({B, L, heads, hd}), cos, sin);
+  at::Tensor kh = rope_apply(norm_k(k(x)).view({B, L, heads, hd}), cos, sin);
+  at::Tensor vh = v(x).view({B, L, heads, hd});
+  return o(attention(qh, kh, vh));
+}
+
+CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
+  q = register_module("q", torch::nn::Linear(dim, dim));
+  k = register_module("k", torch::nn::Linear(dim, dim));
+  v = register_module("v", torch::nn::Linear(dim, dim));
+  o = register_module("o", torch::nn::Linear(dim, dim));
+  norm_q = register_module("norm_q", RMSNorm(dim, eps));
+  norm_k = register_module("norm_k", RMSNorm(dim, eps));
+}
+
+at::Tensor CrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context) {
+  const int64_t B = x.size(0), L = x.size(1), Lc = context.size(1), hd = x.size(2) / heads;
+  at::Tensor qh = norm_q(q(x)).view({B, L, heads, hd});
+  at::Tensor kh = norm_k(k(context)).view({B, Lc, heads, hd});
+  at::Tensor vh = v(context).view({B, Lc, heads, hd});
+  return o(attention(qh, kh, vh));
+}
+
+}  // namespace vidit

@@ -1,0 +1,54 @@
+// Small building blocks of the DiT: RMSNorm, LayerNorm + adaLN modulation, attention modules.
+// Plain single-device modules; parameter names follow the official Wan 2.1 keys.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+namespace vidit {
+
+// Promotes bf16/fp16 to fp32 and leaves fp32/fp64 alone: "computed in at least fp32".
+inline at::Tensor fp32(const at::Tensor& x) {
+  return at::isReducedFloatingType(x.scalar_type()) ? x.to(at::kFloat) : x;
+}
+
+// RMSNorm over the last dim with a learned scale `weight` [dim]; computed in fp32.
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// y = LayerNorm(x) * (1 + scale) + shift with no LayerNorm affine; x [B, L, D],
+// shift/scale [B, 1, D]; fp32 out. Uses the fused CUDA kernel on CUDA tensors when built
+// with it (kernels/layernorm_modulate.h), the ATen composition elsewhere.
+at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                              double eps);
+
+// Scaled dot-product attention over [B, L, heads, head_dim] tensors (returns [B, Lq, heads*hd]).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// Self-attention with QK RMSNorm (over the full dim) and 3D RoPE.
+struct SelfAttentionImpl : torch::nn::Module {
+  SelfAttentionImpl(int64_t dim, int64_t heads, double eps);
+  // x [B, L, dim]; cos/sin [L, head_dim/2] from rope_tables().
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  int64_t heads;
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  RMSNorm norm_q{nullptr}, norm_k{nullptr};
+};
+TORCH_MODULE(SelfAttention);
+
+// Cross-attention from video tokens to text tokens, QK RMSNorm, no RoPE.
+struct CrossAttentionImpl : torch::nn::Module {
+  CrossAttentionImpl(int64_t dim, int64_t heads, double eps);
+  // x [B, L, dim], context [B, Ltext, dim]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& context);
+  int64_t heads;
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  RMSNorm norm_q{nullptr}, norm_k{nullptr};
+};
+TORCH_MODULE(CrossAttention);
+
+}  // namespace vidit

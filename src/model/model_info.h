@@ -1,0 +1,37 @@
+// Analytic accounting of a DiT configuration, computed without allocating weights:
+// parameter count, FLOPs of one training sample and training memory.
+//
+// FLOPs (multiply-add = 2 FLOPs), for L video tokens, Lt text tokens, d = dim, f = ffn_dim:
+//   forward = patch 2*L*(C*pt*ph*pw)*d + text 2*Lt*(text_dim*d + d*d) + time 2*(freq*d + d*d + 6*d*d)
+//           + layers * [ 2*L*4*d^2            (self-attn q, k, v, o)
+//                      + 4*L^2*d              (self-attn scores QK^T and weighted sum AV)
+//                      + 2*L*2*d^2 + 2*Lt*2*d^2 (cross-attn q, o on video; k, v on text)
+//                      + 4*L*Lt*d             (cross-attn scores and sum)
+//                      + 2*L*2*d*f ]          (MLP)
+//           + head 2*L*d*(C_out*pt*ph*pw)
+//   training sample = 3 * forward (backward costs twice the forward).
+// Norms, RoPE and elementwise work are left out (well under 1% at real sizes).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+
+namespace vidit {
+
+struct ModelInfo {
+  int64_t params = 0;
+  double forward_flops = 0;       // one sample
+  double train_flops = 0;         // one sample, forward + backward
+  int64_t tokens = 0;             // video tokens per sample
+  double weight_bytes = 0;        // fp32 master weights
+  double grad_bytes = 0;          // fp32 gradients
+  double optimizer_bytes = 0;     // AdamW exp_avg + exp_avg_sq (fp32)
+  double ema_bytes = 0;           // EMA copy (fp32) when enabled
+};
+
+int64_t count_parameters(const ModelConfig& m);
+ModelInfo model_info(const Config& c);
+std::string format_info(const Config& c, const ModelInfo& info);
+
+}  // namespace vidit

@@ -1,0 +1,18 @@
+// Named tensors of a module (its parameters, official Wan 2.1 key names) to and from a map,
+// with a strict loader: every missing, unexpected or mis-shaped key is reported by name.
+#pragma once
+#include <torch/nn/module.h>
+
+#include "core/safetensors.h"
+
+namespace vidit {
+
+// Parameters by name, detached views of the live tensors (not copies).
+TensorMap state_dict(const torch::nn::Module& module);
+
+// Copies `tensors` into `module`'s parameters (casting dtype). Throws vidit::Error listing all
+// missing / unexpected / mis-shaped keys (up to a few of each) and naming `source`; nothing
+// is written to the module unless every key matches.
+void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const std::string& source);
+
+}  // namespace vidit

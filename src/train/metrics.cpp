@@ -1,0 +1,49 @@
+#include "train/metrics.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace vidit {
+
+std::string format_duration(double s) {
+  char buf[32];
+  long t = static_cast<long>(s + 0.5);
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+MetricsLogger::MetricsLogger(const std::string& path, bool append, bool console)
+    : console_(console), start_(std::chrono::steady_clock::now()) {
+  if (!path.empty()) jsonl_.open(path, append ? std::ios::app : std::ios::trunc);
+}
+
+void MetricsLogger::log(const StepMetrics& m) {
+  if (first_step_ < 0) first_step_ = m.step - 1, start_ = std::chrono::steady_clock::now() -
+                                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                            std::chrono::duration<double>(m.step_seconds));
+  if (jsonl_.is_open()) {
+    nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                        {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                        {"step_time_s", m.step_seconds}, {"samples_per_s", m.samples_per_s},
+                        {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}};
+    jsonl_ << j.dump() << "\n";
+    jsonl_.flush();
+  }
+  if (!console_) return;
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const int64_t done = m.step - first_step_, left = m.total_steps - m.step;
+  const double eta = done > 0 ? elapsed / double(done) * double(left) : 0;
+  const int width = 20;
+  const int filled = m.total_steps > 0 ? int(width * m.step / m.total_steps) : 0;
+  std::string bar(filled, '#');
+  bar.append(width - filled, '-');
+  std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step | %.1f samples/s"
+              " | %.0f tok/s | %.4f TFLOP/s | ETA %s\n",
+              (long long)m.step, (long long)m.total_steps, bar.c_str(), m.loss, m.grad_norm, m.lr,
+              m.step_seconds, m.samples_per_s, m.tokens_per_s, m.tflops, format_duration(eta).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace vidit

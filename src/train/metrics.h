@@ -1,0 +1,32 @@
+// Per-step training metrics: one JSON object per line in <out_dir>/metrics.jsonl and a
+// readable console line with a progress bar and ETA.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace vidit {
+
+struct StepMetrics {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, grad_norm = 0, lr = 0, step_seconds = 0;
+  double samples_per_s = 0, tokens_per_s = 0, tflops = 0;  // achieved TFLOP/s
+};
+
+class MetricsLogger {
+ public:
+  // `jsonl_path` empty: console only. `append`: continue an existing file (resume).
+  MetricsLogger(const std::string& jsonl_path, bool append, bool console = true);
+  void log(const StepMetrics& m);
+
+ private:
+  std::ofstream jsonl_;
+  bool console_;
+  std::chrono::steady_clock::time_point start_;
+  int64_t first_step_ = -1;
+};
+
+std::string format_duration(double seconds);
+
+}  // namespace vidit

@@ -1,0 +1,38 @@
+// Mixed precision. "bf16": autocast runs matmuls and attention in bfloat16 while the model keeps
+// norms, modulation, RoPE and the residual stream in fp32 and the optimizer keeps fp32 master
+// weights. "fp32": everything in fp32 (the CPU default: bf16 is slow on most CPUs).
+#pragma once
+#include <ATen/autocast_mode.h>
+
+#include <string>
+
+namespace vidit {
+
+// RAII: enables bf16 autocast on `device` for its lifetime when precision == "bf16".
+class AutocastGuard {
+ public:
+  AutocastGuard(const std::string& precision, at::DeviceType device) : device_(device) {
+    enabled_ = precision == "bf16";
+    if (!enabled_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_, prev_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool enabled_ = false, prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+}  // namespace vidit

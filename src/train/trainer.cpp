@@ -1,0 +1,102 @@
+#include "train/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "model/state_dict.h"
+#include "train/checkpoint.h"
+
+namespace vidit {
+
+Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
+                 at::Device device)
+    : cfg_(cfg),
+      data_(std::move(data)),
+      null_text_(std::move(null_text)),
+      device_(device),
+      sampler_(data_->size(), cfg.train.seed),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(cfg.train.seed + 1)),
+      info_(model_info(cfg)) {
+  if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
+  torch::manual_seed(cfg.train.seed);
+  model_ = DiT(cfg.model);
+  model_->init_weights();
+  model_->to(device_);
+  params_ = state_dict(*model_);
+  for (auto& item : model_->named_parameters(true)) {
+    params_[item.key()] = item.value();
+    param_list_.push_back(item.value());
+  }
+  opt_ = std::make_unique<AdamW>(params_, AdamWOptions{cfg.train.beta1, cfg.train.beta2,
+                                                       cfg.train.adam_eps, cfg.train.weight_decay});
+  if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(params_, cfg.train.ema_decay);
+}
+
+std::string Trainer::save() {
+  CheckpointState s;
+  s.step = step_;
+  s.model = params_;
+  if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
+  s.optimizer = opt_->state();
+  s.optimizer["rng/train"] = gen_.get_state();
+  s.sampler = sampler_.state();
+  s.config_toml = config_to_toml(cfg_);
+  return save_checkpoint(cfg_.train.out_dir, s, cfg_.train.keep_checkpoints);
+}
+
+void Trainer::load(const std::string& dir) {
+  CheckpointState s = load_checkpoint(dir);
+  load_state_dict(*model_, s.model, dir + "/model.safetensors");
+  if (ema_) {
+    VIDIT_CHECK(!s.ema.empty(), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");
+    at::NoGradGuard ng;
+    for (auto& [name, t] : ema_->weights()) {
+      auto it = s.ema.find(name);
+      VIDIT_CHECK(it != s.ema.end(), "checkpoint '", dir, "/ema.safetensors' lacks '", name, "'");
+      t.copy_(it->second);
+    }
+    ema_->set_updates(s.ema_updates);
+  }
+  opt_->load_state(s.optimizer, dir + "/optimizer.safetensors");
+  auto rng = s.optimizer.find("rng/train");
+  VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
+  gen_.set_state(rng->second);
+  sampler_.set_state(s.sampler);
+  step_ = s.step;
+}
+
+bool Trainer::resume() {
+  auto dir = latest_checkpoint(cfg_.train.out_dir);
+  if (!dir) return false;
+  load(*dir);
+  return true;
+}
+
+std::vector<double> Trainer::fit(int64_t until_step, bool console) {
+  const int64_t total = cfg_.train.steps;
+  const int64_t until = until_step < 0 ? total : std::min(until_step, total);
+  std::filesystem::create_directories(cfg_.train.out_dir);
+  MetricsLogger logger(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console);
+  std::vector<double> losses;
+  const double samples = double(cfg_.train.batch_size * cfg_.train.grad_accum);
+  while (step_ < until) {
+    StepResult r = step();
+    losses.push_back(r.loss);
+    VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
+                "; lower train.lr or raise train.warmup_steps");
+    if (r.step % cfg_.train.log_every == 0 || r.step == until) {
+      StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, samples / r.seconds,
+                    samples * double(info_.tokens) / r.seconds,
+                    samples * info_.train_flops / r.seconds / 1e12};
+      logger.log(m);
+    }
+    if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until) save();
+  }
+  save();
+  return losses;
+}
+
+}  // namespace vidit

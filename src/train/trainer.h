@@ -1,0 +1,66 @@
+// The single-process trainer: owns the model, AdamW, EMA, the data sampler and the RNG, and
+// runs optimizer steps (train_step.cpp), logging and checkpointing. Deterministic for a seed:
+// on the CPU a run resumed from a checkpoint reproduces the uninterrupted run bit for bit.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/config.h"
+#include "data/dataset.h"
+#include "data/epoch_sampler.h"
+#include "model/dit.h"
+#include "model/model_info.h"
+#include "train/adamw.h"
+#include "train/ema.h"
+#include "train/metrics.h"
+
+namespace vidit {
+
+struct StepResult {
+  int64_t step = 0;       // steps completed after this one
+  double loss = 0;        // mean over the micro-batches
+  double grad_norm = 0;   // before clipping
+  double lr = 0;
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  // `null_text` [Lt, text_dim]: the embedding used when the caption is dropped (CFG).
+  Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
+          at::Device device = at::kCPU);
+
+  // Loads the newest checkpoint under cfg.train.out_dir; returns false when there is none.
+  bool resume();
+  // Loads a specific checkpoint directory.
+  void load(const std::string& checkpoint_dir);
+  // One optimizer step (grad_accum micro-batches). See train_step.cpp.
+  StepResult step();
+  // Steps until `until_step` (default: cfg.train.steps), logging every log_every steps,
+  // checkpointing every ckpt_every steps and at the end. Returns each step's loss.
+  std::vector<double> fit(int64_t until_step = -1, bool console = true);
+  // Writes a checkpoint now; returns its directory.
+  std::string save();
+
+  int64_t steps_done() const { return step_; }
+  DiT& model() { return model_; }
+  EMA* ema() { return ema_.get(); }
+  const Config& config() const { return cfg_; }
+
+ private:
+  Config cfg_;
+  std::shared_ptr<const Dataset> data_;
+  at::Tensor null_text_;
+  at::Device device_;
+  DiT model_{nullptr};
+  TensorMap params_;
+  std::vector<at::Tensor> param_list_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<EMA> ema_;
+  EpochSampler sampler_;
+  at::Generator gen_;  // timesteps, noise, caption dropout
+  ModelInfo info_;
+  int64_t step_ = 0;
+};
+
+}  // namespace vidit

@@ -1,0 +1,186 @@
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../../tests/test_util.h"
+#include "core/error.h"
+#include "diffusion/flow_matching.h"
+#include "model/state_dict.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
+
+namespace vidit {
+namespace {
+
+using test::ScratchDir;
+using test::tiny_config;
+
+std::shared_ptr<const Dataset> synthetic(const Config& c, int64_t n = 16) {
+  return std::make_shared<SyntheticDataset>(c, n, 11);
+}
+at::Tensor null_text(const Config& c) { return at::zeros({c.model.text_len, c.model.text_dim}); }
+
+TEST(Trainer, OverfitsOneBatch) {
+  // A fixed batch (latents, noise, sigmas, text) trained with the model, flow-matching loss,
+  // clipping and AdamW of the trainer: the loss must fall at least 10x.
+  Config c = tiny_config();
+  torch::manual_seed(0);
+  DiT model(c.model);
+  model->init_weights();
+  auto params = state_dict(*model);
+  for (auto& item : model->named_parameters()) params[item.key()] = item.value();
+  AdamW opt(params, {0.9, 0.99, 1e-8, 0.0});
+  auto [x0, text] = SyntheticDataset(c, 2, 5).batch({0, 1});
+  FlowSample fs = make_flow_sample(x0, at::randn(x0.sizes()), at::tensor({0.3f, 0.7f}));
+  std::vector<double> losses;
+  for (int i = 0; i < 200; ++i) {
+    model->zero_grad();
+    at::Tensor loss = flow_loss(model->forward(fs.x_t, fs.timestep, text), fs.target);
+    loss.backward();
+    clip_grad_norm(model->parameters(), 1.0);
+    opt.step(3e-3);
+    losses.push_back(loss.item<double>());
+  }
+  EXPECT_LT(losses.back() * 10, losses.front()) << losses.front() << " -> " << losses.back();
+}
+
+TEST(Trainer, SameSeedSameLosses) {
+  ScratchDir a("seed_a"), b("seed_b"), c2("seed_c");
+  auto run = [&](const std::string& out, uint64_t seed) {
+    Config c = tiny_config({"train.steps=5", "train.out_dir=\"" + out + "\"", "train.seed=" + std::to_string(seed)});
+    Trainer t(c, synthetic(c), null_text(c));
+    return t.fit(-1, false);
+  };
+  auto l1 = run(a.path(), 4), l2 = run(b.path(), 4), l3 = run(c2.path(), 5);
+  EXPECT_EQ(l1, l2);
+  EXPECT_NE(l1, l3);
+}
+
+TEST(Trainer, ResumeEqualsUninterruptedBitwise) {
+  ScratchDir full("full"), part("part");
+  std::vector<std::string> common = {"train.steps=8", "train.grad_accum=2", "train.warmup_steps=3",
+                                     "diffusion.text_drop_prob=0.5"};
+  auto cfg = [&](const std::string& out) {
+    auto s = common;
+    s.push_back("train.out_dir=\"" + out + "\"");
+    return tiny_config(s);
+  };
+  Config cf = cfg(full.path());
+  Trainer t_full(cf, synthetic(cf, 5), null_text(cf));  // 5 samples: epochs roll over mid-run
+  auto losses_full = t_full.fit(-1, false);
+
+  Config cp = cfg(part.path());
+  std::vector<double> losses_part;
+  {
+    Trainer first(cp, synthetic(cp, 5), null_text(cp));
+    losses_part = first.fit(3, false);  // stops and checkpoints at step 3
+  }
+  Trainer second(cp, synthetic(cp, 5), null_text(cp));
+  ASSERT_TRUE(second.resume());
+  EXPECT_EQ(second.steps_done(), 3);
+  auto rest = second.fit(-1, false);
+  losses_part.insert(losses_part.end(), rest.begin(), rest.end());
+  ASSERT_EQ(losses_full.size(), losses_part.size());
+  for (size_t i = 0; i < losses_full.size(); ++i) EXPECT_EQ(losses_full[i], losses_part[i]) << "step " << i + 1;
+  auto pa = state_dict(*t_full.model()), pb = state_dict(*second.model());
+  for (auto& [k, v] : pa) EXPECT_TRUE(at::equal(v, pb.at(k))) << k;
+  for (auto& [k, v] : t_full.ema()->weights()) EXPECT_TRUE(at::equal(v, second.ema()->weights().at(k))) << k;
+}
+
+TEST(Checkpoint, SaveLoadIsBitwiseAndAtomic) {
+  ScratchDir dir("ckpt");
+  Config c = tiny_config({"train.steps=2", "train.keep_checkpoints=2", "train.out_dir=\"" + dir.path() + "\""});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.fit(-1, false);
+  auto latest = latest_checkpoint(dir.path());
+  ASSERT_TRUE(latest);
+  EXPECT_NE(latest->find("step_00000002"), std::string::npos);
+  CheckpointState s = load_checkpoint(*latest);
+  EXPECT_EQ(s.step, 2);
+  for (auto& [k, v] : state_dict(*t.model())) EXPECT_TRUE(at::equal(v, s.model.at(k))) << k;
+  EXPECT_TRUE(s.optimizer.count("rng/train"));
+  EXPECT_TRUE(s.optimizer.count("exp_avg/blocks.0.ffn.0.weight"));
+  Config round = parse_config(s.config_toml, "meta.json");
+  EXPECT_EQ(config_to_toml(round), config_to_toml(c));
+
+  // More saves: only `keep` remain and no temporary directory is left behind.
+  t.save();
+  t.save();
+  int dirs = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path() + "/checkpoints")) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+    dirs += e.is_directory();
+  }
+  EXPECT_LE(dirs, 2);
+  // A stale temporary directory from a crashed save does not confuse resume.
+  std::filesystem::create_directories(dir.path() + "/checkpoints/step_00000009.tmp");
+  Trainer r(c, synthetic(c), null_text(c));
+  ASSERT_TRUE(r.resume());
+  EXPECT_EQ(r.steps_done(), 2);
+}
+
+TEST(Checkpoint, CorruptFilesGiveClearErrors) {
+  ScratchDir dir("ckpt_bad");
+  Config c = tiny_config({"train.steps=1", "train.out_dir=\"" + dir.path() + "\""});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.fit(-1, false);
+  std::string ck = *latest_checkpoint(dir.path());
+  std::filesystem::resize_file(ck + "/model.safetensors", 100);
+  Trainer r(c, synthetic(c), null_text(c));
+  try {
+    r.resume();
+    ADD_FAILURE() << "truncated checkpoint loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
+  // A model of another shape refuses the checkpoint by key name.
+  ScratchDir d2("ckpt_shape");
+  Config c2 = tiny_config({"train.steps=1", "train.out_dir=\"" + d2.path() + "\""});
+  Trainer t2(c2, synthetic(c2), null_text(c2));
+  t2.fit(-1, false);
+  Config c3 = tiny_config({"model.ffn_dim=48", "train.out_dir=\"" + d2.path() + "\""});
+  Trainer r3(c3, synthetic(c3), null_text(c3));
+  try {
+    r3.resume();
+    ADD_FAILURE() << "mis-shaped checkpoint loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ffn.0.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  EXPECT_DOUBLE_EQ(learning_rate(0, 100, 1.0, 10, "cosine", 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(9, 100, 1.0, 10, "cosine", 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(10, 100, 1.0, 10, "cosine", 0.1), 1.0);
+  EXPECT_NEAR(learning_rate(55, 100, 1.0, 10, "cosine", 0.1), 0.55, 1e-12);
+  EXPECT_NEAR(learning_rate(100, 100, 1.0, 10, "cosine", 0.1), 0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(70, 100, 1.0, 10, "constant", 0.1), 1.0);
+}
+
+TEST(AdamW, NoDecayOnNormsBiasesModulation) {
+  at::Tensor w2 = at::zeros({2, 2}), w1 = at::zeros({2});
+  EXPECT_FALSE(AdamW::no_decay("blocks.0.ffn.0.weight", w2));
+  EXPECT_TRUE(AdamW::no_decay("blocks.0.ffn.0.bias", w1));
+  EXPECT_TRUE(AdamW::no_decay("blocks.0.modulation", at::zeros({1, 6, 2})));
+  EXPECT_TRUE(AdamW::no_decay("blocks.0.self_attn.norm_q.weight", w1));
+  EXPECT_TRUE(AdamW::no_decay("blocks.0.norm3.weight", w1));
+}
+
+TEST(AdamW, MatchesClosedFormFirstStep) {
+  // First AdamW step moves every coordinate by lr * sign(g) (bias-corrected m/sqrt(v) = g/|g|),
+  // plus decoupled decay on matrices.
+  at::Tensor p = at::ones({2, 2}).requires_grad_(true), b = at::ones({2}).requires_grad_(true);
+  p.mutable_grad() = at::tensor({1.f, -2.f, 3.f, -4.f}).view({2, 2});
+  b.mutable_grad() = at::tensor({0.5f, -0.5f});
+  AdamW opt({{"w.weight", p}, {"w.bias", b}}, {0.9, 0.99, 1e-12, 0.1});
+  opt.step(0.01);
+  EXPECT_TRUE(at::allclose(p, at::tensor({0.989f, 1.009f, 0.989f, 1.009f}).view({2, 2}), 1e-6, 1e-6)) << p;
+  EXPECT_TRUE(at::allclose(b, at::tensor({0.99f, 1.01f}), 1e-6, 1e-6)) << b;
+  EXPECT_NEAR(clip_grad_norm({p}, 1.0), std::sqrt(30.0), 1e-5);
+  EXPECT_NEAR(p.grad().norm().item<double>(), 1.0, 1e-5);
+}
+
+}  // namespace
+}  // namespace vidit

@@ -45,6 +45,12 @@ int main(int argc, char** argv) {
 
     if (!dump.empty()) {
       std::filesystem::create_directories(dump);
+      {
+        // The head starts at zero (Wan's init); give it weights so the compared output is not flat.
+        at::NoGradGuard ng;
+        at::manual_seed(cfg.train.seed + 99);
+        trainer.model()->head->head->weight.normal_(0.0, 0.05);
+      }
       save_safetensors(dump + "/weights.safetensors", state_dict(*trainer.model()));
       auto [x, text] = data->batch({0, 1});
       at::Tensor t = at::tensor({250.0f, 800.0f});

@@ -16,8 +16,8 @@ struct ModelConfig {
   int64_t ffn_dim = 256;        // MLP hidden size
   int64_t heads = 4;            // attention heads; dim % heads == 0, head_dim even
   int64_t layers = 4;           // number of DiT blocks
-  int64_t in_channels = 48;     // latent channels in (demo codec: 3*4*4)
-  int64_t out_channels = 48;    // latent channels predicted
+  int64_t in_channels = 12;     // latent channels in (demo codec: 3*2*2)
+  int64_t out_channels = 12;    // latent channels predicted
   std::array<int64_t, 3> patch{1, 2, 2};  // (t, h, w) patch of the Conv3d embedding
   int64_t text_dim = 32;        // width of the text embeddings fed in (umT5: 4096)
   int64_t text_len = 8;         // text tokens; shorter captions are zero-padded (Wan: 512)
@@ -74,9 +74,9 @@ struct SampleConfig {
 
 struct DemoConfig {
   int64_t videos = 192;           // training clips generated
-  int64_t frame_size = 32;        // training frame size in pixels (square), after center crop
+  int64_t frame_size = 16;        // training frame size in pixels (square), after center crop
   int64_t frames = 8;             // training frames per clip
-  int64_t codec_block = 4;        // space-to-depth block of the lossless demo codec
+  int64_t codec_block = 2;        // space-to-depth block of the lossless demo codec
   int64_t text_dim = 32;          // width of the built-in caption embedder
   int64_t samples_per_prompt = 4; // generated videos per held-out prompt in the check
 };

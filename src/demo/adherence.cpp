@@ -54,7 +54,8 @@ ClipAnalysis analyse_clip(const at::Tensor& frames_in) {
   };
   a.vx = slope(x_ok), a.vy = slope(y_ok);
   const double major = std::max(std::abs(a.vx), std::abs(a.vy)), minor = std::min(std::abs(a.vx), std::abs(a.vy));
-  a.moving = major >= 0.5 && major > 2 * minor;
+  // Clear motion: at least 1/40 of the frame width per frame, mostly along one axis.
+  a.moving = major >= double(W) / 40.0 && major > 2 * minor;
   if (std::abs(a.vx) >= std::abs(a.vy)) a.direction = a.vx < 0 ? Direction::Left : Direction::Right;
   else a.direction = a.vy < 0 ? Direction::Up : Direction::Down;
   return a;

@@ -2,8 +2,8 @@
 // moving in the prompted direction? The object is the set of bright pixels (any channel above
 // a threshold) on the black background; its colour is the nearest palette colour to their mean,
 // and its motion is the least-squares slope of its centroid over the frames. A clip with no
-// object in most frames, or whose object moves less than half a pixel per frame, or not mostly
-// along one axis, is a failure.
+// object in most frames, or whose object moves less than 1/40 of the frame width per frame, or
+// not mostly along one axis, is a failure.
 #pragma once
 #include <ATen/ATen.h>
 

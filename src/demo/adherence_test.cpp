@@ -27,9 +27,10 @@ TEST(DemoAdherence, ScoresRealMovingShapeVideos) {
   ScratchDir dir("adh");
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   int n = 0;
+  for (int64_t size : {16, 32})
   for (int colour = 0; colour < 4; ++colour)
     for (Direction d : directions()) {
-      ClipSpec spec = random_clip(colour, (colour + n) % 2, d, 32, 32, 8, 32, gen);
+      ClipSpec spec = random_clip(colour, (colour + n) % 2, d, size, size, 8, size, gen);
       at::Tensor frames = through_mp4(spec, dir, "c" + std::to_string(n++) + ".mp4");
       ClipAnalysis a = analyse_clip(frames);
       EXPECT_TRUE(adheres(a, colour, d)) << caption(spec) << " analysed as " << a.describe();

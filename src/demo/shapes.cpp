@@ -78,8 +78,10 @@ ClipSpec random_clip(int colour, int shape, Direction d, int64_t width, int64_t 
   ClipSpec c;
   c.colour = colour, c.shape = shape, c.direction = d;
   c.width = width, c.height = height, c.frames = frames;
-  c.size = uniform(8, 11);
-  c.speed = uniform(1.6, 2.4);
+  // Sizes and speeds scale with the crop: at 32 px a 8-11 px shape moving 1.6-2.4 px/frame.
+  const double unit = double(inner) / 32.0;
+  c.size = unit * uniform(8, 11);
+  c.speed = unit * uniform(1.6, 2.4);
   const double travel = c.speed * double(frames - 1), r = c.size / 2;
   const double left = double(width - inner) / 2, top = double(height - inner) / 2;
   // The moving axis needs room for the travel; the other axis anywhere inside.

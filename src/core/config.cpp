@@ -197,7 +197,7 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("grad_clip", t.grad_clip); b.get("ema_decay", t.ema_decay); b.get("seed", t.seed);
     b.get("precision", t.precision); b.get("out_dir", t.out_dir); b.get("log_every", t.log_every);
     b.get("ckpt_every", t.ckpt_every); b.get("keep_checkpoints", t.keep_checkpoints);
-    b.get("threads", t.threads);
+    b.get("threads", t.threads); b.get("init_from", t.init_from);
     b.finish();
   }
   {
@@ -324,7 +324,7 @@ std::string config_to_toml(const Config& c) {
      << "\nema_decay = " << t.ema_decay << "\nseed = " << t.seed << "\nprecision = " << s(t.precision)
      << "\nout_dir = " << s(t.out_dir) << "\nlog_every = " << t.log_every
      << "\nckpt_every = " << t.ckpt_every << "\nkeep_checkpoints = " << t.keep_checkpoints
-     << "\nthreads = " << t.threads;
+     << "\nthreads = " << t.threads << "\ninit_from = " << s(t.init_from);
   const auto& sp = c.sample;
   os << "\n\n[sample]\nsteps = " << sp.steps << "\nshift = " << sp.shift
      << "\ncfg_scale = " << sp.cfg_scale << "\nseed = " << sp.seed;

@@ -63,6 +63,8 @@ struct TrainConfig {
   int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
   int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
   int64_t threads = 0;            // intra-op threads; 0 = all cores
+  std::string init_from;          // weights to start from: a .safetensors file or a folder of
+                                  // shards (e.g. the official Wan 2.1 release); "" = random init
 };
 
 struct SampleConfig {

@@ -6,11 +6,39 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "core/error.h"
 
 namespace vidit {
 namespace {
+
+
+// A 5x7 bitmap font for the few characters the chart writes (one row per string, '#' = ink).
+struct Glyph {
+  char c;
+  const char* rows[7];
+};
+const Glyph kFont[] = {
+    {'0', {" ### ", "#   #", "#  ##", "# # #", "##  #", "#   #", " ### "}},
+    {'1', {"  #  ", " ##  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### "}},
+    {'2', {" ### ", "#   #", "    #", "   # ", "  #  ", " #   ", "#####"}},
+    {'3', {"#### ", "    #", "    #", " ### ", "    #", "    #", "#### "}},
+    {'4', {"   # ", "  ## ", " # # ", "#  # ", "#####", "   # ", "   # "}},
+    {'5', {"#####", "#    ", "#### ", "    #", "    #", "#   #", " ### "}},
+    {'6', {" ### ", "#    ", "#    ", "#### ", "#   #", "#   #", " ### "}},
+    {'7', {"#####", "    #", "   # ", "  #  ", " #   ", " #   ", " #   "}},
+    {'8', {" ### ", "#   #", "#   #", " ### ", "#   #", "#   #", " ### "}},
+    {'9', {" ### ", "#   #", "#   #", " ####", "    #", "    #", " ### "}},
+    {'.', {"     ", "     ", "     ", "     ", "     ", " ##  ", " ##  "}},
+    {'-', {"     ", "     ", "     ", " ### ", "     ", "     ", "     "}},
+    {'e', {"     ", "     ", " ### ", "#   #", "#####", "#    ", " ### "}},
+    {'l', {" ##  ", "  #  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### "}},
+    {'o', {"     ", "     ", " ### ", "#   #", "#   #", "#   #", " ### "}},
+    {'s', {"     ", "     ", " ####", "#    ", " ### ", "    #", "#### "}},
+    {'t', {" #   ", " #   ", "#### ", " #   ", " #   ", " #  #", "  ## "}},
+    {'p', {"     ", "     ", "#### ", "#   #", "#### ", "#    ", "#    "}},
+};
 
 struct Canvas {
   int w, h;
@@ -30,13 +58,24 @@ struct Canvas {
         for (int dx = 0; dx < thick; ++dx) set(x + dx, y + dy, r, g, b);
     }
   }
+  // Writes `text` with its top-left corner at (x, y); unknown characters leave a gap.
+  void text(int x, int y, const std::string& str) {
+    for (char ch : str) {
+      for (const auto& g : kFont)
+        if (g.c == ch)
+          for (int row = 0; row < 7; ++row)
+            for (int col = 0; col < 5; ++col)
+              if (g.rows[row][col] == '#') set(x + col, y + row, 40, 40, 40);
+      x += 6;
+    }
+  }
 };
 
 }  // namespace
 
 void write_loss_curve_png(const std::string& path, const std::vector<double>& values, int width, int height) {
   Canvas c(width, height);
-  const int ml = 40, mr = 20, mt = 20, mb = 30;
+  const int ml = 50, mr = 20, mt = 20, mb = 30;
   const double pw = width - ml - mr, ph = height - mt - mb;
   std::vector<double> v;
   for (double x : values) v.push_back(std::log10(std::max(x, 1e-12)));
@@ -46,7 +85,15 @@ void write_loss_curve_png(const std::string& path, const std::vector<double>& va
   if (hi <= lo) hi = lo + 1;
   auto X = [&](size_t i) { return ml + pw * (v.size() > 1 ? double(i) / double(v.size() - 1) : 0.0); };
   auto Y = [&](double y) { return mt + ph * (1 - (y - lo) / (hi - lo)); };
-  for (double d = lo; d <= hi; d += 1) c.line(ml, Y(d), ml + pw, Y(d), 220, 220, 220, 1);  // decades
+  for (double d = lo; d <= hi; d += 1) {  // a grid line and a label per decade
+    c.line(ml, Y(d), ml + pw, Y(d), 220, 220, 220, 1);
+    c.text(6, int(Y(d)) - 3, "1e" + std::to_string(int(d)));
+  }
+  c.text(ml, height - 20, "0");
+  const std::string last = std::to_string(values.size());
+  c.text(int(ml + pw) - 6 * int(last.size()), height - 20, last);
+  c.text(ml + int(pw) / 2 - 30, height - 20, "step");
+  c.text(ml + 8, 6, "loss");
   c.line(ml, mt, ml, mt + ph, 0, 0, 0, 2);
   c.line(ml, mt + ph, ml + pw, mt + ph, 0, 0, 0, 2);
   for (size_t i = 1; i < v.size(); ++i) c.line(X(i - 1), Y(v[i - 1]), X(i), Y(v[i]), 150, 190, 240, 1);

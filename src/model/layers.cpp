@@ -16,7 +16,9 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                               double eps) {
-  if (x.is_cuda() && layernorm_modulate_cuda_available())
+  const bool fusable = (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                       shift.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat;
+  if (x.is_cuda() && fusable && layernorm_modulate_cuda_available())
     return layernorm_modulate_fused(x, shift, scale, eps);
   at::Tensor xf = fp32(x);
   return at::layer_norm(xf, {xf.size(-1)}, {}, {}, eps) * (1 + scale) + shift;

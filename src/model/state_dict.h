@@ -15,4 +15,9 @@ TensorMap state_dict(const torch::nn::Module& module);
 // is written to the module unless every key matches.
 void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const std::string& source);
 
+// Reads weights from one .safetensors file or from every *.safetensors file in a folder (a
+// sharded release such as diffusion_pytorch_model-0000N-of-0000M.safetensors). Throws
+// vidit::Error when nothing is found or a key appears in two shards.
+TensorMap read_weights(const std::string& file_or_folder);
+
 }  // namespace vidit

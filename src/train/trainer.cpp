@@ -24,6 +24,8 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Ten
   torch::manual_seed(cfg.train.seed);
   model_ = DiT(cfg.model);
   model_->init_weights();
+  if (!cfg.train.init_from.empty())
+    load_state_dict(*model_, read_weights(cfg.train.init_from), cfg.train.init_from);
   model_->to(device_);
   params_ = state_dict(*model_);
   for (auto& item : model_->named_parameters(true)) {

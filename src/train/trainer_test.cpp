@@ -184,3 +184,29 @@ TEST(AdamW, MatchesClosedFormFirstStep) {
 
 }  // namespace
 }  // namespace vidit
+
+namespace vidit {
+namespace {
+
+TEST(Trainer, InitFromShardedWeights) {
+  test::ScratchDir dir("init_from");
+  Config c = test::tiny_config({"train.seed=42"});
+  DiT src(c.model);
+  src->init_weights();
+  TensorMap all = state_dict(*src), a, b;
+  for (auto& [k, v] : all) (k < "blocks.1" ? a : b)[k] = v + 0.5;  // shifted: not the init
+  std::filesystem::create_directories(dir / "release");
+  save_safetensors(dir / "release/model-00001-of-00002.safetensors", a);
+  save_safetensors(dir / "release/model-00002-of-00002.safetensors", b);
+  Config ci = test::tiny_config({"train.init_from=\"" + dir.path() + "/release\"",
+                                 "train.out_dir=\"" + dir.path() + "/run\""});
+  Trainer t(ci, std::make_shared<SyntheticDataset>(ci, 4, 1), at::zeros({4, 8}));
+  for (auto& [k, v] : state_dict(*t.model())) EXPECT_TRUE(at::equal(v, all.at(k) + 0.5)) << k;
+  // A duplicated key across shards and a missing folder are refused by name.
+  save_safetensors(dir / "release/dup.safetensors", {{"head.modulation", all.at("head.modulation")}});
+  EXPECT_THROW(read_weights(dir / "release"), Error);
+  EXPECT_THROW(read_weights(dir / "nowhere"), Error);
+}
+
+}  // namespace
+}  // namespace vidit

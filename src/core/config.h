@@ -14,7 +14,7 @@ namespace vidit {
 struct ModelConfig {
   int64_t dim = 96;             // hidden size of every block
   int64_t ffn_dim = 256;        // MLP hidden size
-  int64_t heads = 4;            // attention heads; dim % heads == 0, head_dim even
+  int64_t heads = 2;            // attention heads; dim % heads == 0, head_dim even
   int64_t layers = 4;           // number of DiT blocks
   int64_t in_channels = 12;     // latent channels in (demo codec: 3*2*2)
   int64_t out_channels = 12;    // latent channels predicted
@@ -23,13 +23,13 @@ struct ModelConfig {
   int64_t text_len = 8;         // text tokens; shorter captions are zero-padded (Wan: 512)
   int64_t freq_dim = 256;       // sinusoidal timestep embedding width
   double eps = 1e-6;            // LayerNorm / RMSNorm epsilon
-  double rope_theta = 10000.0;  // RoPE base
+  double rope_theta = 100.0;    // RoPE base (Wan: 10000; the demo's 4x4x6 grid wants faster angles)
 };
 
 struct DataConfig {
   std::string source = "demo";  // "demo" (generated shape videos) or "synthetic" (random latents)
   // Latent size of one training sample (frames, height, width), after the VAE / demo codec.
-  int64_t latent_frames = 8;
+  int64_t latent_frames = 6;
   int64_t latent_height = 8;
   int64_t latent_width = 8;
 };
@@ -38,17 +38,17 @@ struct DiffusionConfig {
   std::string timestep_sampling = "logit_normal";  // "uniform" or "logit_normal"
   double logit_mean = 0.0;        // mean of the logit-normal sigma distribution
   double logit_std = 1.0;         // std of the logit-normal sigma distribution
-  double shift = 1.0;             // sigma' = s*sigma / (1 + (s-1)*sigma)
+  double shift = 3.0;             // sigma' = s*sigma / (1 + (s-1)*sigma)
   double text_drop_prob = 0.1;    // probability of the null text for classifier-free guidance
 };
 
 struct TrainConfig {
-  int64_t steps = 100;            // optimizer steps
-  int64_t batch_size = 8;         // samples per micro-batch
+  int64_t steps = 3000;           // optimizer steps
+  int64_t batch_size = 16;        // samples per micro-batch
   int64_t grad_accum = 1;         // micro-batches per optimizer step
-  double lr = 1e-3;               // peak learning rate
+  double lr = 2e-3;               // peak learning rate
   double min_lr_ratio = 0.1;      // cosine floor as a fraction of lr
-  int64_t warmup_steps = 10;      // linear warm-up steps
+  int64_t warmup_steps = 100;     // linear warm-up steps
   std::string schedule = "cosine";  // "cosine" or "constant" after warm-up
   double weight_decay = 0.01;     // AdamW decay (never on norms, biases, modulation)
   double beta1 = 0.9;
@@ -59,7 +59,7 @@ struct TrainConfig {
   uint64_t seed = 0;              // seeds init, data order, noise and timesteps
   std::string precision = "fp32"; // "fp32" or "bf16" (autocast matmuls; fp32 norms/modulation/RoPE)
   std::string out_dir = "runs/demo";  // checkpoints, metrics.jsonl, samples
-  int64_t log_every = 1;          // steps between log lines
+  int64_t log_every = 50;         // steps between log lines
   int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
   int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
   int64_t threads = 0;            // intra-op threads; 0 = all cores
@@ -69,15 +69,15 @@ struct TrainConfig {
 
 struct SampleConfig {
   int64_t steps = 30;             // Euler steps from sigma=1 to 0
-  double shift = 1.0;             // sigma schedule shift at sampling
-  double cfg_scale = 3.0;         // classifier-free guidance scale; 1 disables
+  double shift = 3.0;             // sigma schedule shift at sampling
+  double cfg_scale = 5.0;         // classifier-free guidance scale; 1 disables
   uint64_t seed = 1;
 };
 
 struct DemoConfig {
   int64_t videos = 192;           // training clips generated
   int64_t frame_size = 16;        // training frame size in pixels (square), after center crop
-  int64_t frames = 8;             // training frames per clip
+  int64_t frames = 6;             // training frames per clip
   int64_t codec_block = 2;        // space-to-depth block of the lossless demo codec
   int64_t text_dim = 32;          // width of the built-in caption embedder
   int64_t samples_per_prompt = 4; // generated videos per held-out prompt in the check

@@ -42,7 +42,7 @@ std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& d
     auto [colour, shape, direction] = combos[size_t(i) % combos.size()];
     const auto* sz = sizes[i % 3];
     ClipSpec spec = random_clip(colour, shape, direction, sz[0], sz[1], lengths[(i / 3) % 3],
-                                d.frame_size, gen);
+                                d.frame_size, gen, d.frames);
     char name[32];
     std::snprintf(name, sizeof name, "clip_%04lld.mp4", static_cast<long long>(i));
     std::string path = dir + "/" + name;

@@ -71,18 +71,18 @@ at::Tensor render_clip(const ClipSpec& c) {
 }
 
 ClipSpec random_clip(int colour, int shape, Direction d, int64_t width, int64_t height,
-                     int64_t frames, int64_t inner, at::Generator& gen) {
+                     int64_t frames, int64_t inner, at::Generator& gen, int64_t path_frames) {
+  if (path_frames < 0) path_frames = frames;
   auto uniform = [&](double lo, double hi) {
     return lo + (hi - lo) * at::rand({1}, gen, at::kDouble).item<double>();
   };
   ClipSpec c;
   c.colour = colour, c.shape = shape, c.direction = d;
   c.width = width, c.height = height, c.frames = frames;
-  // Sizes and speeds scale with the crop: at 32 px a 8-11 px shape moving 1.6-2.4 px/frame.
-  const double unit = double(inner) / 32.0;
-  c.size = unit * uniform(8, 11);
-  c.speed = unit * uniform(1.6, 2.4);
-  const double travel = c.speed * double(frames - 1), r = c.size / 2;
+  // Sizes scale with the crop (8-10 px at 32 px); the path spans 50-60% of it.
+  c.size = double(inner) / 32.0 * uniform(8, 10);
+  c.speed = double(inner) * uniform(0.5, 0.6) / double(std::max<int64_t>(1, path_frames - 1));
+  const double travel = c.speed * double(path_frames - 1), r = c.size / 2;
   const double left = double(width - inner) / 2, top = double(height - inner) / 2;
   // The moving axis needs room for the travel; the other axis anywhere inside.
   double lo_x = left + r + 0.5, hi_x = left + double(inner) - r - 0.5;

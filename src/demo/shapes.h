@@ -38,9 +38,12 @@ std::string caption(const ClipSpec& c);  // "a red square moving left"
 at::Tensor render_clip(const ClipSpec& c);
 
 // A random clip of the given colour/shape/direction whose shape stays within the central
-// `inner` x `inner` square of a width x height frame for all frames.
+// `inner` x `inner` square of a width x height frame for the first `path_frames` frames
+// (default: all; later frames may carry it out of view). The shape crosses 50-60% of the crop
+// in those frames, so each frame moves it by a good part of its own size: a model that
+// draws it standing still is clearly wrong.
 ClipSpec random_clip(int colour, int shape, Direction d, int64_t width, int64_t height,
-                     int64_t frames, int64_t inner, at::Generator& gen);
+                     int64_t frames, int64_t inner, at::Generator& gen, int64_t path_frames = -1);
 
 // The (colour, direction) pairs held out of training: (red, left), (green, right),
 // (blue, up), (yellow, down). Every colour and every direction is still seen in training.

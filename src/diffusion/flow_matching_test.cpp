@@ -27,6 +27,7 @@ TEST(FlowMatching, ShiftAndSigmaDistributions) {
   EXPECT_TRUE(at::allclose(shift_sigma(s, 1.0), s));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
   DiffusionConfig c;
+  c.shift = 1.0;
   c.timestep_sampling = "uniform";
   at::Tensor u = sample_sigmas(20000, c, gen);
   EXPECT_NEAR(u.mean().item<double>(), 0.5, 0.01);

@@ -15,22 +15,23 @@ bool AdamW::no_decay(const std::string& name, const at::Tensor& p) {
 AdamW::AdamW(const TensorMap& params, AdamWOptions opt) : opt_(opt) {
   for (const auto& [name, p] : params)
     slots_.push_back({name, p, at::zeros_like(p, at::kFloat), at::zeros_like(p, at::kFloat),
-                      !no_decay(name, p)});
+                      at::zeros({}, p.options().dtype(at::kFloat)), !no_decay(name, p)});
 }
 
 void AdamW::step(double lr) {
   at::NoGradGuard ng;
   ++step_;
-  const double bc1 = 1 - std::pow(opt_.beta1, double(step_));
-  const double bc2 = 1 - std::pow(opt_.beta2, double(step_));
-  for (auto& s : slots_) {
-    const at::Tensor& g = s.param.grad();
-    if (!g.defined()) continue;
-    s.exp_avg.lerp_(g, 1 - opt_.beta1);
-    s.exp_avg_sq.mul_(opt_.beta2).addcmul_(g, g, 1 - opt_.beta2);
-    if (s.decay && opt_.weight_decay > 0) s.param.mul_(1 - lr * opt_.weight_decay);
-    at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(opt_.eps);
-    s.param.addcdiv_(s.exp_avg, denom, -lr / bc1);
+  for (bool decay : {true, false}) {
+    std::vector<at::Tensor> p, g, m, v, steps;
+    for (auto& s : slots_) {
+      if (s.decay != decay || !s.param.grad().defined()) continue;
+      s.step.add_(1);
+      p.push_back(s.param), g.push_back(s.param.grad()), m.push_back(s.exp_avg);
+      v.push_back(s.exp_avg_sq), steps.push_back(s.step);
+    }
+    if (p.empty()) continue;
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, opt_.beta1, opt_.beta2,
+                      decay ? opt_.weight_decay : 0.0, opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }
 
@@ -62,20 +63,17 @@ void AdamW::load_state(const TensorMap& state, const std::string& source) {
   at::NoGradGuard ng;
   for (auto& [dst, src] : copies) dst.copy_(src);
   step_ = step.item<int64_t>();
+  for (auto& s : slots_) s.step.fill_(double(step_));
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   at::NoGradGuard ng;
-  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(p.grad().to(at::kFloat).pow(2).sum());
-  if (norms.empty()) return 0.0;
-  const double total = at::stack(norms).sum().sqrt().item<double>();
-  if (max_norm > 0 && total > max_norm) {
-    const double scale = max_norm / (total + 1e-6);
-    for (const auto& p : params)
-      if (p.grad().defined()) p.grad().mul_(scale);
-  }
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
+  const double total = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+  if (max_norm > 0 && total > max_norm) at::_foreach_mul_(grads, max_norm / (total + 1e-6));
   return total;
 }
 

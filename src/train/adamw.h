@@ -1,4 +1,5 @@
-// AdamW with decoupled weight decay, applied to named fp32 parameters. Norm weights, biases,
+// AdamW with decoupled weight decay, applied to named fp32 parameters through ATen's fused
+// multi-tensor kernel (one call per weight-decay group instead of six ops per parameter). Norm weights, biases,
 // modulation tensors and other 1-D parameters get no weight decay. Its state (step count,
 // exp_avg, exp_avg_sq per parameter name) round-trips through a TensorMap for checkpoints.
 #pragma once
@@ -30,6 +31,7 @@ class AdamW {
   struct Slot {
     std::string name;
     at::Tensor param, exp_avg, exp_avg_sq;
+    at::Tensor step;  // fp32 scalar, the fused kernel's per-parameter step count
     bool decay;
   };
   std::vector<Slot> slots_;

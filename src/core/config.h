@@ -43,7 +43,7 @@ struct DiffusionConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 3000;           // optimizer steps
+  int64_t steps = 7000;           // optimizer steps
   int64_t batch_size = 16;        // samples per micro-batch
   int64_t grad_accum = 1;         // micro-batches per optimizer step
   double lr = 2e-3;               // peak learning rate

@@ -9,7 +9,12 @@ EMA::EMA(const TensorMap& params, double decay) : decay_(decay) {
 void EMA::update(const TensorMap& params) {
   at::NoGradGuard ng;
   const double d = std::min(decay_, (1.0 + updates_) / (10.0 + updates_));
-  for (auto& [name, s] : shadow_) s.lerp_(params.at(name).detach().to(at::kFloat), 1 - d);
+  std::vector<at::Tensor> shadow, live;
+  for (auto& [name, s] : shadow_) {
+    shadow.push_back(s);
+    live.push_back(params.at(name).detach().to(at::kFloat));
+  }
+  at::_foreach_lerp_(shadow, live, 1 - d);  // one multi-tensor call
   ++updates_;
 }
 

@@ -27,7 +27,6 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Ten
   if (!cfg.train.init_from.empty())
     load_state_dict(*model_, read_weights(cfg.train.init_from), cfg.train.init_from);
   model_->to(device_);
-  params_ = state_dict(*model_);
   for (auto& item : model_->named_parameters(true)) {
     params_[item.key()] = item.value();
     param_list_.push_back(item.value());

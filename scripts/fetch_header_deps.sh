@@ -12,7 +12,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEST=${1:-${VIDIT_DEBS_DIR:-$ROOT/third_party/debs}}
 
 # The five named packages, then what they need at link / run time, then optional extras.
-PKGS=(libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
+PKGS=(libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libbenchmark-dev
       libtomlplusplus3 libbenchmark1debian)
 OPTIONAL=(libpng-dev libpng16-16 zlib1g-dev libgmock-dev)
 

@@ -1,5 +1,5 @@
-// `vidit`: one binary, subcommands train | sample | info | demo. Every subcommand takes
-// --config FILE (TOML; defaults are the embedded demo) and repeated --set section.key=value.
+// `vidit`: one binary, subcommands train | sample | info | demo | prepare. Every subcommand
+// takes --config FILE (TOML; defaults are the embedded demo) and repeated --set section.key=value.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -8,14 +8,20 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "data/cache_loader.h"
 #include "data/dataset.h"
+#include "data/latent_cache.h"
+#include "data/prepare.h"
 #include "data/video_decoder.h"
 #include "demo/demo.h"
+#include "demo/caption_embedder.h"
+#include "demo/demo_codec.h"
 #include "demo/demo_data.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "vae/wan_vae.h"
 
 using namespace vidit;
 
@@ -41,14 +47,21 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
   Config cfg = load_config(o.config, o.sets);
   std::printf("vidit train: resolved config (%s)\n%s\n%s\n", cfg.source.c_str(), config_to_toml(cfg).c_str(),
               format_info(cfg, model_info(cfg)).c_str());
-  std::shared_ptr<const Dataset> data;
+  std::shared_ptr<BatchSource> data;
   if (cfg.data.source == "demo") {
     auto entries = demo::make_demo_videos(cfg, cfg.train.out_dir + "/videos");
     auto loaded = demo::load_demo_dataset(cfg, entries);
     for (const auto& s : loaded.skipped) std::printf("skipped %s\n", s.c_str());
-    data = loaded.dataset;
+    data = std::make_shared<EpochBatchSource>(loaded.dataset, cfg.train.seed);
+  } else if (cfg.data.source == "cache") {
+    auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
+    auto loader = std::make_shared<CacheLoader>(cache, cfg);
+    std::printf("latent cache %s: %lld samples in %zu buckets, %lld tokens per batch\n", cfg.data.cache_dir.c_str(),
+                (long long)cache->size(), loader->bucket_names().size(), (long long)loader->token_budget());
+    data = loader;
   } else {
-    data = std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed);
+    data = std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed),
+                                              cfg.train.seed);
   }
   Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
   if (resume) {
@@ -89,6 +102,79 @@ int cmd_sample(const CommonOpts& o, std::string checkpoint, const std::vector<st
   return 0;
 }
 
+// Frames [T, H, W, 3] uint8 -> latent (mean, std), as data.codec says.
+FrameEncoder make_frame_encoder(const Config& cfg) {
+  if (cfg.data.codec == "demo") {
+    const int64_t block = cfg.demo.codec_block;
+    return [block](const at::Tensor& frames) {
+      at::Tensor mean = demo::codec_encode(frames, block);
+      return std::make_pair(mean, at::zeros_like(mean));  // lossless: no spread
+    };
+  }
+  VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"wan_vae\" needs data.vae_weights "
+              "(the Wan 2.1 VAE as .safetensors)");
+  auto vae = std::make_shared<WanVAE>(WanVAEConfig{});
+  load_wan_vae(**vae, cfg.data.vae_weights);
+  (*vae)->eval();
+  return [vae](const at::Tensor& frames) {
+    at::NoGradGuard no_grad;
+    at::Tensor video = frames.permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
+    VaeRunOptions opt;
+    opt.tiling.enabled = video.size(3) > opt.tiling.tile || video.size(4) > opt.tiling.tile;
+    VaeMoments m = (*vae)->encode(video, opt);
+    at::Tensor mean = (*vae)->normalize_latents(m.mean)[0];
+    // std in the normalised space: exp(logvar / 2) / latent_std per channel.
+    at::Tensor unit = (*vae)->normalize_latents(at::zeros_like(m.mean));
+    at::Tensor std = ((*vae)->normalize_latents(m.logvar.mul(0.5).exp()) - unit)[0];
+    return std::make_pair(mean, std);
+  };
+}
+
+// Which slice of the manifest this process prepares: --worker/--workers, else the launcher's
+// environment (OpenMPI, Slurm, torchrun), else 0 of 1.
+std::pair<int, int> prepare_slice(int worker, int workers) {
+  if (workers > 0) return {worker, workers};
+  for (auto [r, n] : {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
+                      std::pair{"RANK", "WORLD_SIZE"}})
+    if (std::getenv(r) && std::getenv(n)) return {std::atoi(std::getenv(r)), std::atoi(std::getenv(n))};
+  return {0, 1};
+}
+
+int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, bool verify) {
+  Config cfg = load_config(o.config, o.sets);
+  VIDIT_CHECK(!cfg.data.cache_dir.empty(), cfg.source, ": set data.cache_dir (where the latent cache goes)");
+  if (verify) {
+    LatentCache cache(cfg.data.cache_dir);
+    auto bad = cache.verify_all();
+    for (const auto& b : bad) std::printf("BAD %s\n", b.c_str());
+    std::printf("verified %lld samples in %s: %zu failed their checksum\n", (long long)cache.size(),
+                cfg.data.cache_dir.c_str(), bad.size());
+    return bad.empty() ? 0 : 4;
+  }
+  if (merge_only) {
+    std::printf("merged %lld samples into %s/index.jsonl\n", (long long)merge_prepared(cfg.data.cache_dir),
+                cfg.data.cache_dir.c_str());
+    return 0;
+  }
+  auto [w, n] = prepare_slice(worker, workers);
+  CaptionEncoder captions;
+  if (cfg.data.text_encoder == "demo") {
+    const int64_t len = cfg.model.text_len, dim = cfg.model.text_dim;
+    captions = [len, dim](const std::string& c) { return demo::embed_caption(c, len, dim); };
+  }
+  std::printf("vidit prepare: %s -> %s (worker %d of %d, codec %s)\n", cfg.data.manifest.c_str(),
+              cfg.data.cache_dir.c_str(), w, n, cfg.data.codec.c_str());
+  std::fflush(stdout);
+  PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n);
+  std::printf("prepared %lld of %lld entries in %.1f s: %lld written, %lld already cached, %lld rejected "
+              "(see %s/rejects%s)\n", (long long)(r.written + r.already_done), (long long)r.entries, r.seconds,
+              (long long)r.written, (long long)r.already_done, (long long)r.rejected, cfg.data.cache_dir.c_str(),
+              r.merged ? ".jsonl" : "/");
+  for (const auto& [b, k] : r.per_bucket) std::printf("  bucket %-14s %lld samples\n", b.c_str(), (long long)k);
+  if (r.merged) std::printf("index merged: %s/index.jsonl\n", cfg.data.cache_dir.c_str());
+  return 0;
+}
+
 int cmd_demo(const CommonOpts& o, bool resume) {
   Config cfg = load_config(o.config, o.sets);
   std::printf("vidit demo: %s\n", format_info(cfg, model_info(cfg)).c_str());
@@ -119,6 +205,14 @@ int main(int argc, char** argv) {
   sample->add_option("-p,--prompt", prompts, "caption to generate (repeatable)");
   sample->add_option("-o,--out", out_dir, "output folder for the MP4 files");
   sample->add_flag("!--raw", use_ema, "use the raw weights instead of the EMA weights");
+  int worker = 0, workers = 0;
+  bool merge_only = false, verify = false;
+  auto* prepare = app.add_subcommand("prepare", "decode, bucket and encode the manifest's videos into the latent cache");
+  add_common(prepare, o);
+  prepare->add_option("--worker", worker, "this process's slice of the manifest (default: from mpirun / srun / torchrun)");
+  prepare->add_option("--workers", workers, "number of slices (processes)");
+  prepare->add_flag("--merge", merge_only, "only merge the workers' index parts and rejects");
+  prepare->add_flag("--verify", verify, "re-check every cached sample's checksum");
   auto* demo = app.add_subcommand("demo", "the embedded end-to-end demo: make videos, train, sample, check");
   add_common(demo, o);
   demo->add_flag("--resume", resume, "continue from the latest checkpoint in train.out_dir");
@@ -129,6 +223,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return cmd_train(o, resume, max_steps);
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
     if (demo->parsed()) return cmd_demo(o, resume);
+    if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

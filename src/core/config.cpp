@@ -84,6 +84,21 @@ class Binder {
     }
   }
 
+  template <typename T>
+  void get(const char* key, std::vector<T>& out) {
+    if (auto* n = find(key)) {
+      constexpr bool integral = std::is_integral_v<T>;
+      const char* want = integral ? "an array of integers" : "an array of numbers";
+      auto* arr = n->as_array();
+      if (!arr) type_error(key, want, *n);
+      out.clear();
+      for (const auto& e : *arr) {
+        if (integral ? !e.is_integer() : !e.is_number()) type_error(key, want, *n);
+        out.push_back(*e.value<T>());
+      }
+    }
+  }
+
   // Refuses keys this section does not know.
   void finish() const {
     if (!table_) return;
@@ -111,7 +126,7 @@ class Binder {
   std::vector<std::string> known_;
 };
 
-const std::vector<std::string> kSections = {"model", "data", "diffusion", "train", "sample", "demo"};
+const std::vector<std::string> kSections = {"model", "data", "buckets", "diffusion", "train", "sample", "demo"};
 
 void apply_override(toml::table& root, const std::string& item) {
   auto eq = item.find('=');
@@ -177,6 +192,20 @@ Config parse_config(const std::string& text, const std::string& source,
     auto& d = c.data;
     b.get("source", d.source); b.get("latent_frames", d.latent_frames);
     b.get("latent_height", d.latent_height); b.get("latent_width", d.latent_width);
+    b.get("manifest", d.manifest); b.get("cache_dir", d.cache_dir); b.get("codec", d.codec);
+    b.get("vae_weights", d.vae_weights); b.get("text_encoder", d.text_encoder);
+    b.get("decoder", d.decoder); b.get("fps", d.fps); b.get("decode_threads", d.decode_threads);
+    b.get("shard_mb", d.shard_mb); b.get("cache_dtype", d.cache_dtype);
+    b.get("token_budget", d.token_budget); b.get("loader_threads", d.loader_threads);
+    b.get("prefetch", d.prefetch);
+    b.finish();
+  }
+  {
+    Binder b(root, "buckets", source);
+    auto& k = c.buckets;
+    b.get("resolutions", k.resolutions); b.get("aspect_ratios", k.aspect_ratios);
+    b.get("frames", k.frames); b.get("frame_stride", k.frame_stride); b.get("multiple", k.multiple);
+    b.get("max_upscale", k.max_upscale);
     b.finish();
   }
   {
@@ -213,6 +242,7 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("videos", d.videos); b.get("frame_size", d.frame_size); b.get("frames", d.frames);
     b.get("codec_block", d.codec_block); b.get("text_dim", d.text_dim);
     b.get("samples_per_prompt", d.samples_per_prompt);
+    b.get("eval_every", d.eval_every);
     b.finish();
   }
   validate_config(c);
@@ -247,8 +277,22 @@ void validate_config(const Config& c) {
               " must be even and >= 6 so 3D RoPE can split it over t, h, w");
   VIDIT_CHECK(m.freq_dim % 2 == 0, f, ": model.freq_dim must be even (got ", m.freq_dim, ")");
   const auto& d = c.data;
-  VIDIT_CHECK(d.source == "demo" || d.source == "synthetic", f,
-              ": data.source must be \"demo\" or \"synthetic\" (got \"", d.source, "\")");
+  VIDIT_CHECK(d.source == "demo" || d.source == "synthetic" || d.source == "cache", f,
+              ": data.source must be \"demo\", \"synthetic\" or \"cache\" (got \"", d.source, "\")");
+  VIDIT_CHECK(d.codec == "demo" || d.codec == "wan_vae", f, ": data.codec must be \"demo\" or \"wan_vae\" (got \"",
+              d.codec, "\")");
+  VIDIT_CHECK(d.text_encoder == "demo" || d.text_encoder == "precomputed", f,
+              ": data.text_encoder must be \"demo\" or \"precomputed\" (got \"", d.text_encoder, "\")");
+  VIDIT_CHECK(d.decoder == "auto" || d.decoder == "cpu" || d.decoder == "nvdec", f,
+              ": data.decoder must be \"auto\", \"cpu\" or \"nvdec\" (got \"", d.decoder, "\")");
+  VIDIT_CHECK(d.cache_dtype == "bf16" || d.cache_dtype == "fp32", f,
+              ": data.cache_dtype must be \"bf16\" or \"fp32\" (got \"", d.cache_dtype, "\")");
+  VIDIT_CHECK(d.fps >= 0, f, ": data.fps must be >= 0 (0 keeps the source rate)");
+  VIDIT_CHECK(d.decode_threads >= 0 && d.token_budget >= 0, f, ": data.decode_threads and data.token_budget must be >= 0");
+  positive("data.shard_mb", d.shard_mb); positive("data.loader_threads", d.loader_threads);
+  positive("data.prefetch", d.prefetch);
+  VIDIT_CHECK(d.source != "cache" || !d.cache_dir.empty(), f,
+              ": data.source = \"cache\" needs data.cache_dir (the folder `vidit prepare` wrote)");
   positive("data.latent_frames", d.latent_frames); positive("data.latent_height", d.latent_height);
   positive("data.latent_width", d.latent_width);
   const char* axis[3] = {"latent_frames", "latent_height", "latent_width"};
@@ -283,6 +327,7 @@ void validate_config(const Config& c) {
   positive("demo.videos", dm.videos); positive("demo.frame_size", dm.frame_size);
   positive("demo.frames", dm.frames); positive("demo.codec_block", dm.codec_block);
   positive("demo.text_dim", dm.text_dim); positive("demo.samples_per_prompt", dm.samples_per_prompt);
+  VIDIT_CHECK(dm.eval_every >= 0, f, ": demo.eval_every must be >= 0 (got ", dm.eval_every, ")");
   if (d.source == "demo") {
     VIDIT_CHECK(dm.frame_size % dm.codec_block == 0, f, ": demo.frame_size (", dm.frame_size,
                 ") must be divisible by demo.codec_block (", dm.codec_block, ")");
@@ -310,7 +355,23 @@ std::string config_to_toml(const Config& c) {
      << "\nfreq_dim = " << m.freq_dim << "\neps = " << m.eps << "\nrope_theta = " << m.rope_theta;
   const auto& d = c.data;
   os << "\n\n[data]\nsource = " << s(d.source) << "\nlatent_frames = " << d.latent_frames
-     << "\nlatent_height = " << d.latent_height << "\nlatent_width = " << d.latent_width;
+     << "\nlatent_height = " << d.latent_height << "\nlatent_width = " << d.latent_width
+     << "\nmanifest = " << s(d.manifest) << "\ncache_dir = " << s(d.cache_dir) << "\ncodec = " << s(d.codec)
+     << "\nvae_weights = " << s(d.vae_weights) << "\ntext_encoder = " << s(d.text_encoder)
+     << "\ndecoder = " << s(d.decoder) << "\nfps = " << d.fps << "\ndecode_threads = " << d.decode_threads
+     << "\nshard_mb = " << d.shard_mb << "\ncache_dtype = " << s(d.cache_dtype)
+     << "\ntoken_budget = " << d.token_budget << "\nloader_threads = " << d.loader_threads
+     << "\nprefetch = " << d.prefetch;
+  auto list = [](const auto& v) {
+    std::ostringstream o;
+    o << std::setprecision(10) << "[";
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+    return o.str() + "]";
+  };
+  const auto& k = c.buckets;
+  os << "\n\n[buckets]\nresolutions = " << list(k.resolutions) << "\naspect_ratios = " << list(k.aspect_ratios)
+     << "\nframes = " << list(k.frames) << "\nframe_stride = " << k.frame_stride << "\nmultiple = " << k.multiple
+     << "\nmax_upscale = " << k.max_upscale;
   const auto& f = c.diffusion;
   os << "\n\n[diffusion]\ntimestep_sampling = " << s(f.timestep_sampling)
      << "\nlogit_mean = " << f.logit_mean << "\nlogit_std = " << f.logit_std
@@ -331,7 +392,8 @@ std::string config_to_toml(const Config& c) {
   const auto& dm = c.demo;
   os << "\n\n[demo]\nvideos = " << dm.videos << "\nframe_size = " << dm.frame_size
      << "\nframes = " << dm.frames << "\ncodec_block = " << dm.codec_block
-     << "\ntext_dim = " << dm.text_dim << "\nsamples_per_prompt = " << dm.samples_per_prompt << "\n";
+     << "\ntext_dim = " << dm.text_dim << "\nsamples_per_prompt = " << dm.samples_per_prompt
+     << "\neval_every = " << dm.eval_every << "\n";
   return os.str();
 }
 

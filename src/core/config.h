@@ -27,11 +27,40 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string source = "demo";  // "demo" (generated shape videos) or "synthetic" (random latents)
+  // "demo" (generated shape videos), "synthetic" (random latents) or "cache" (a latent cache
+  // written by `vidit prepare`, read with bucketed token-budget batches).
+  std::string source = "demo";
   // Latent size of one training sample (frames, height, width), after the VAE / demo codec.
+  // With source = "cache" the buckets decide the shapes and these only size `vidit info`.
   int64_t latent_frames = 6;
   int64_t latent_height = 8;
   int64_t latent_width = 8;
+  // --- vidit prepare: manifest -> decode -> bucket -> latents -> cache ---
+  std::string manifest;              // .jsonl / .csv manifest, or a folder of videos + .txt captions
+  std::string cache_dir;             // where the latent cache is written and read
+  std::string codec = "demo";        // "demo" (lossless space-to-depth) or "wan_vae"
+  std::string vae_weights;           // Wan 2.1 VAE safetensors (codec = "wan_vae")
+  std::string text_encoder = "demo"; // "demo" (built-in caption embedder) or "precomputed" (manifest files)
+  std::string decoder = "auto";      // "auto" (NVDEC when a GPU is there, else CPU), "cpu", "nvdec"
+  double fps = 0;                    // resample clips to this frame rate; 0 keeps the source rate
+  int64_t decode_threads = 0;        // FFmpeg decode threads per clip; 0 = auto
+  int64_t shard_mb = 1024;           // cache shard size
+  std::string cache_dtype = "bf16";  // storage of latent mean / std: "bf16" or "fp32"
+  // --- loading the cache ---
+  int64_t token_budget = 0;          // tokens per batch per rank; 0 = batch_size x tokens of data.latent_*
+  int64_t loader_threads = 2;        // background threads assembling batches
+  int64_t prefetch = 4;              // batches prepared ahead
+};
+
+// Bucket shapes (see src/data/buckets.h): resolution tiers x aspect ratios x frame counts, in
+// pixels and video frames (before the VAE).
+struct BucketConfig {
+  std::vector<int64_t> resolutions{256};   // tiers: sqrt(height * width) targets
+  std::vector<double> aspect_ratios{16.0 / 9, 4.0 / 3, 1.0, 3.0 / 4, 9.0 / 16};  // width / height
+  std::vector<int64_t> frames{17, 33, 49}; // frame counts, each 1 mod frame_stride
+  int64_t frame_stride = 4;                // 4: 4k+1 frames (Wan VAE); 1: any count (demo codec)
+  int64_t multiple = 16;                   // height and width are multiples of this
+  double max_upscale = 1.0;                // largest allowed scale-up factor (1: never upscale)
 };
 
 struct DiffusionConfig {
@@ -81,11 +110,13 @@ struct DemoConfig {
   int64_t codec_block = 2;        // space-to-depth block of the lossless demo codec
   int64_t text_dim = 32;          // width of the built-in caption embedder
   int64_t samples_per_prompt = 4; // generated videos per held-out prompt in the check
+  int64_t eval_every = 0;         // also check held-out adherence every N training steps; 0: at the end only
 };
 
 struct Config {
   ModelConfig model;
   DataConfig data;
+  BucketConfig buckets;
   DiffusionConfig diffusion;
   TrainConfig train;
   SampleConfig sample;

@@ -101,8 +101,10 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   write_file_atomic(path, out);
 }
 
-TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string& name,
-                            std::map<std::string, std::string>* metadata) {
+namespace {
+
+TensorMap parse_impl(const uint8_t* data, size_t size, const std::string& name,
+                     std::map<std::string, std::string>* metadata, bool copy) {
   VIDIT_CHECK(size >= 8, "'", name, "' is not a safetensors file: only ", size, " bytes");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(data[i]) << (8 * i);
@@ -157,11 +159,26 @@ TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string&
     uint64_t want = numel * c10::elementSize(*type);
     if (e - b != want)
       bad("holds " + std::to_string(e - b) + " bytes but dtype and shape need " + std::to_string(want));
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*type));
-    if (want) std::memcpy(t.data_ptr(), base + b, want);
-    out.emplace(key, std::move(t));
+    if (copy) {
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*type));
+      if (want) std::memcpy(t.data_ptr(), base + b, want);
+      out.emplace(key, std::move(t));
+    } else {
+      out.emplace(key, at::from_blob(const_cast<uint8_t*>(base + b), shape, at::TensorOptions().dtype(*type)));
+    }
   }
   return out;
+}
+
+}  // namespace
+
+TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string& name,
+                            std::map<std::string, std::string>* metadata) {
+  return parse_impl(data, size, name, metadata, /*copy=*/true);
+}
+
+TensorMap view_safetensors(const uint8_t* data, size_t size, const std::string& name) {
+  return parse_impl(data, size, name, nullptr, /*copy=*/false);
 }
 
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {

@@ -24,6 +24,10 @@ TensorMap load_safetensors(const std::string& path,
 TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string& name,
                             std::map<std::string, std::string>* metadata = nullptr);
 
+// Same checks, but the tensors are non-owning views into `data` (no copy): for memory-mapped
+// files. The caller keeps `data` alive and unmodified while the tensors are in use.
+TensorMap view_safetensors(const uint8_t* data, size_t size, const std::string& name);
+
 // Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename, fsync of the directory.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 

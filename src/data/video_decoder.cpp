@@ -1,19 +1,25 @@
-// decode_video with FFmpeg (libavformat demux, libavcodec software decode, libswscale to RGB24).
+// decode_video with FFmpeg: libavformat demux and seek, libavcodec decode (software, or NVDEC via
+// decode_nvdec.h), frames chosen by timestamp (decode_frame_picker.h), libswscale to RGB24.
 // Compiled only when CMake finds the FFmpeg development libraries; video_decoder_stub.cpp
 // replaces this file otherwise. encode_video_mp4 lives in video_encoder.cpp (every build).
 #include "data/video_decoder.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <system_error>
 
 #include "core/error.h"
+#include "data/decode_frame_picker.h"
+#include "data/decode_nvdec.h"
 
 extern "C" {
 #include <libavcodec/avcodec.h>
@@ -134,28 +140,22 @@ double stream_fps(AVFormatContext* fmt, AVStream* st) {
   return av_q2d(r);
 }
 
-// Frame-count estimate for the first allocation; the buffer grows if it is short.
-int64_t estimate_frames(const AVStream* st, double fps) {
-  if (st->nb_frames > 0) return st->nb_frames;
-  if (st->duration != AV_NOPTS_VALUE && st->duration > 0 && fps > 0)
-    return static_cast<int64_t>(std::ceil(st->duration * av_q2d(st->time_base) * fps)) + 1;
-  return 64;
-}
-
 // Converts decoded frames into consecutive slots of a growing [cap, H, W, 3] uint8 tensor.
 class RgbWriter {
  public:
   RgbWriter(const std::string& path, int64_t max_frames) : path_(path), max_frames_(max_frames) {}
 
   int64_t count() const { return n_; }
-  bool full() const { return max_frames_ > 0 && n_ >= max_frames_; }
 
-  void add(const AVFrame* f, int64_t estimate) {
+  // Appends `copies` (>= 1) slots showing `f`, converted once. The first frame fixes the output
+  // size: its height, and `width` (its own width unless square-pixel stretching asks otherwise).
+  // `estimate` sizes the first allocation; the buffer grows if it is short.
+  void add(const AVFrame* f, int64_t copies, int64_t width, int64_t estimate) {
     VIDIT_CHECK(f->width > 0 && f->height > 0 && f->format >= 0, "video '", path_,
                 "': the decoder returned a frame with no picture (", f->width, "x", f->height,
                 ", format ", f->format, "); the file is probably corrupt");
-    if (n_ == 0) start(f, estimate);
-    if (n_ == cap_) grow();
+    if (n_ == 0) start(f, width, estimate);
+    if (n_ == cap_) grow(copies);
 
     // One libswscale context per source geometry/format (a mid-stream change gets a new one).
     // Not sws_getCachedContext: libswscale edits the flags it was given (e.g. forcing full
@@ -205,11 +205,18 @@ class RgbWriter {
     VIDIT_CHECK(ret > 0, "video '", path_, "': converting frame ", n_, " to RGB failed",
                 ret < 0 ? ": " + av_error_text(ret) : std::string());
 
-    uint8_t* dst = frames_.data_ptr<uint8_t>() + n_ * height_ * width_ * 3;
+    const int64_t frame_bytes = height_ * width_ * 3;
+    uint8_t* dst = frames_.data_ptr<uint8_t>() + n_ * frame_bytes;
     const int64_t row = width_ * 3;
     for (int64_t y = 0; y < height_; ++y)
       std::memcpy(dst + y * row, rgb_->data[0] + y * rgb_->linesize[0], row);
     ++n_;
+    for (int64_t c = 1; c < copies; ++c) {  // repeats (resampling up) are plain copies
+      if (n_ == cap_) grow(copies - c);
+      uint8_t* base = frames_.data_ptr<uint8_t>();
+      std::memcpy(base + n_ * frame_bytes, base + (n_ - 1) * frame_bytes, frame_bytes);
+      ++n_;
+    }
   }
 
   // The [n, H, W, 3] result (the buffer's unused tail is dropped).
@@ -228,8 +235,8 @@ class RgbWriter {
     bool operator==(const ColorKey&) const = default;
   };
 
-  void start(const AVFrame* f, int64_t estimate) {
-    width_ = f->width;
+  void start(const AVFrame* f, int64_t width, int64_t estimate) {
+    width_ = width;
     height_ = f->height;
     const int64_t frame_bytes = width_ * height_ * 3;
     // A bogus frame count in a header must not allocate gigabytes up front.
@@ -248,8 +255,9 @@ class RgbWriter {
                 " RGB frame failed: ", av_error_text(ret));
   }
 
-  void grow() {
-    int64_t cap = cap_ * 2;
+  // Makes room for at least one more slot (doubling; `wanted` more if that is larger).
+  void grow(int64_t wanted) {
+    int64_t cap = std::max(cap_ * 2, n_ + wanted);
     if (max_frames_ > 0) cap = std::min(cap, max_frames_);
     at::Tensor bigger = at::empty({cap, height_, width_, 3}, at::kByte);
     bigger.narrow(0, 0, n_).copy_(frames_.narrow(0, 0, n_));
@@ -267,35 +275,40 @@ class RgbWriter {
   FramePtr rgb_;
 };
 
-}  // namespace
+// An open file: demuxer, the chosen video stream and its (opened) decoder.
+struct Source {
+  FormatPtr fmt;
+  AVStream* st = nullptr;
+  int si = -1;
+  const AVCodec* codec = nullptr;
+  nvdec::Session hw;     // read through dec->opaque: declared before dec, so it outlives it
+  bool on_gpu = false;   // the decoder has the CUDA device attached
+  CodecPtr dec;
+};
 
-bool video_decoding_available() { return true; }
+// How to decode: software (cuda == nullptr) or NVDEC on `cuda`; strict: NVDEC or an error.
+struct Backend {
+  AVBufferRef* cuda = nullptr;
+  bool strict = false;
+};
 
-DecodedVideo decode_video(const std::string& path, int64_t max_frames, int threads) {
-  VIDIT_CHECK(max_frames == -1 || max_frames > 0, "decode_video('", path,
-              "'): max_frames must be -1 (all frames) or > 0, got ", max_frames);
-  VIDIT_CHECK(threads >= 0, "decode_video('", path,
-              "'): threads must be >= 0 (0 = automatic), got ", threads);
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  VIDIT_CHECK(std::filesystem::exists(status), "video file '", path,
-              "' does not exist (check the path and the working directory)");
-  VIDIT_CHECK(!std::filesystem::is_directory(status), "video file '", path,
-              "' is a directory, not a video file");
-  quiet_ffmpeg_logs();
-
+// Opens `path` and its video stream's decoder. Not movable once opened (dec->opaque points
+// into it), hence the unique_ptr.
+std::unique_ptr<Source> open_source(const std::string& path, int threads, const Backend& backend) {
+  auto src = std::make_unique<Source>();
   // "file:" keeps libavformat from reading a colon in the path as a protocol name.
   const std::string url = "file:" + path;
   AVFormatContext* raw_fmt = nullptr;
   int ret = avformat_open_input(&raw_fmt, url.c_str(), nullptr, nullptr);  // frees on failure
   VIDIT_CHECK(ret >= 0, "cannot open video file '", path, "': ", av_error_text(ret),
               " (FFmpeg does not recognise it as a media file; is it a complete, valid video?)");
-  FormatPtr fmt(raw_fmt);
-  ret = avformat_find_stream_info(fmt.get(), nullptr);
+  src->fmt.reset(raw_fmt);
+  AVFormatContext* fmt = src->fmt.get();
+  ret = avformat_find_stream_info(fmt, nullptr);
   VIDIT_CHECK(ret >= 0, "cannot read the stream information of video file '", path,
               "': ", av_error_text(ret), " (the file is probably truncated or corrupt)");
 
-  int si = av_find_best_stream(fmt.get(), AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
+  int si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
   if (si >= 0 && (fmt->streams[si]->disposition & AV_DISPOSITION_ATTACHED_PIC)) {
     si = -1;  // cover art is a still image, not the clip; look for a real video stream
     for (unsigned i = 0; i < fmt->nb_streams && si < 0; ++i) {
@@ -305,108 +318,405 @@ DecodedVideo decode_video(const std::string& path, int64_t max_frames, int threa
         si = static_cast<int>(i);
     }
   }
-  VIDIT_CHECK(si >= 0, "'", path, "' has no video stream (", describe_streams(fmt.get()),
+  VIDIT_CHECK(si >= 0, "'", path, "' has no video stream (", describe_streams(fmt),
               "); pass a video file");
-  AVStream* st = fmt->streams[si];
+  src->si = si;
+  src->st = fmt->streams[si];
+  const AVCodecID codec_id = src->st->codecpar->codec_id;
 
-  const AVCodec* codec = avcodec_find_decoder(st->codecpar->codec_id);
-  VIDIT_CHECK(codec, "video file '", path, "': codec '", avcodec_get_name(st->codecpar->codec_id),
+  if (backend.cuda) src->codec = nvdec::find_decoder(codec_id);
+  VIDIT_CHECK(src->codec || !backend.strict, "video file '", path, "': device=nvdec, but codec '",
+              avcodec_get_name(codec_id), "' has no NVDEC (cuda hwaccel) decoder in this FFmpeg "
+              "build; use device=auto or cpu");
+  src->on_gpu = src->codec != nullptr;
+  if (!src->codec) src->codec = avcodec_find_decoder(codec_id);
+  const AVCodec* codec = src->codec;
+  VIDIT_CHECK(codec, "video file '", path, "': codec '", avcodec_get_name(codec_id),
               "' has no decoder in this FFmpeg build; re-encode the file (e.g. "
               "`ffmpeg -i IN -c:v libx264 OUT.mp4`) or use an FFmpeg with that decoder");
-  CodecPtr dec(avcodec_alloc_context3(codec));
+  src->dec.reset(avcodec_alloc_context3(codec));
+  AVCodecContext* dec = src->dec.get();
   VIDIT_CHECK(dec, "video file '", path, "': out of memory allocating the ", codec->name,
               " decoder");
-  ret = avcodec_parameters_to_context(dec.get(), st->codecpar);
+  ret = avcodec_parameters_to_context(dec, src->st->codecpar);
   VIDIT_CHECK(ret >= 0, "video file '", path, "': cannot configure the ", codec->name,
               " decoder from the stream parameters: ", av_error_text(ret));
   dec->thread_count = threads;
   dec->thread_type = FF_THREAD_FRAME | FF_THREAD_SLICE;
-  dec->pkt_timebase = st->time_base;
-  ret = avcodec_open2(dec.get(), codec, nullptr);
-  VIDIT_CHECK(ret >= 0, "video file '", path, "': cannot open the ", codec->name, " decoder: ",
-              av_error_text(ret), " (unsupported codec profile or corrupt codec header)");
+  dec->pkt_timebase = src->st->time_base;
+  if (src->on_gpu) {
+    src->hw.strict = backend.strict;
+    nvdec::attach(dec, backend.cuda, &src->hw, path);
+  }
+  ret = avcodec_open2(dec, codec, nullptr);
+  VIDIT_CHECK(ret >= 0, "video file '", path, "': cannot open the ", codec->name, " decoder",
+              src->on_gpu ? " on NVDEC" : "", ": ", av_error_text(ret),
+              " (unsupported codec profile or corrupt codec header)");
+  return src;
+}
 
-  const double fps = stream_fps(fmt.get(), st);
-  const int64_t estimate = estimate_frames(st, fps);
-  PacketPtr pkt(av_packet_alloc());
-  FramePtr frame(av_frame_alloc());
-  VIDIT_CHECK(pkt && frame, "video file '", path, "': out of memory allocating a packet/frame");
-  RgbWriter out(path, max_frames);
-  int last_error = 0;         // the latest decode/read error, reported if nothing decodes
-  int64_t bad_packets = 0;
+int64_t seconds_to_us(double s) { return std::llround(s * 1e6); }
 
-  // Moves every frame the decoder has ready into `out`. Returns false once max_frames is reached.
-  auto drain = [&]() -> bool {
-    while (!out.full()) {
-      int r = avcodec_receive_frame(dec.get(), frame.get());
-      if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return true;
+#if LIBAVUTIL_VERSION_INT >= AV_VERSION_INT(57, 30, 100)
+int64_t frame_duration(const AVFrame* f) { return f->duration; }
+#else
+int64_t frame_duration(const AVFrame* f) { return f->pkt_duration; }
+#endif
+
+// One decode_video call: demux, (seek,) decode, pick frames by time, convert to RGB.
+class ClipDecoder {
+ public:
+  ClipDecoder(const std::string& path, const DecodeOptions& o, const Backend& backend)
+      : path_(path), o_(o), backend_(backend), out_(path, o.max_frames) {}
+
+  DecodedVideo run() {
+    src_ = open_source(path_, o_.threads, backend_);
+    if (on_gpu_started_) *on_gpu_started_ = src_->on_gpu;
+    setup_clock();
+    pkt_.reset(av_packet_alloc());
+    frame_.reset(av_frame_alloc());
+    held_.reset(av_frame_alloc());
+    host_.reset(av_frame_alloc());
+    VIDIT_CHECK(pkt_ && frame_ && held_ && host_, "video file '", path_,
+                "': out of memory allocating a packet/frame");
+
+    Flow flow = Flow::kMore;
+    if (o_.start_seconds > 0) {
+      for (int attempt = 0;; ++attempt) {
+        position(attempt);
+        flow = decode_all();
+        if (flow != Flow::kReseek) break;
+      }
+    } else {
+      flow = decode_all();
+    }
+    if (flow == Flow::kMore && last_pts_ != AV_NOPTS_VALUE) {  // end of stream
+      const int64_t stop = last_pts_ + std::max<int64_t>(last_duration_, 0);
+      emit_held(picker_->finish(stop));
+    }
+    return result();
+  }
+
+  // Set to whether the decoder runs on NVDEC, as soon as that is known (before decoding).
+  void report_gpu_to(bool* flag) { on_gpu_started_ = flag; }
+
+ private:
+  enum class Flow { kMore, kDone, kReseek };
+
+  // Stream time base, clip window and output grid in stream ticks.
+  void setup_clock() {
+    AVStream* st = src_->st;
+    tb_ = st->time_base;
+    const AVFormatContext* fmt = src_->fmt.get();
+    // Clip times count from the file's start time, as the ffmpeg CLI's -ss does.
+    const int64_t file_start_us = fmt->start_time != AV_NOPTS_VALUE ? fmt->start_time : 0;
+    start_ = av_rescale_q(file_start_us + seconds_to_us(o_.start_seconds), AV_TIME_BASE_Q, tb_);
+    origin_seconds_ = file_start_us / 1e6;
+    const int64_t end = std::isinf(o_.end_seconds)
+                            ? FramePicker::kNoEnd
+                            : av_rescale_q(file_start_us + seconds_to_us(o_.end_seconds),
+                                           AV_TIME_BASE_Q, tb_);
+    stream_first_ = st->start_time != AV_NOPTS_VALUE ? st->start_time
+                                                     : av_rescale_q(file_start_us, AV_TIME_BASE_Q, tb_);
+    stream_fps_ = stream_fps(src_->fmt.get(), st);
+    if (o_.target_fps > 0) out_rate_ = av_d2q(o_.target_fps, INT_MAX);
+    // Without a start, nothing is dropped (frames before the file's start time included), as
+    // the CLI does without -ss; the resampling grid still starts at the file's start time.
+    const int64_t begin = o_.start_seconds > 0 ? start_ : std::numeric_limits<int64_t>::min();
+    picker_.emplace(FramePicker::Rational{tb_.num, tb_.den}, start_, begin, end,
+                    FramePicker::Rational{out_rate_.num, out_rate_.den}, o_.max_frames);
+
+    // First allocation: the window's length (or the stream's) at the output rate.
+    double seconds = -1;
+    if (st->duration != AV_NOPTS_VALUE && st->duration > 0) seconds = st->duration * av_q2d(tb_);
+    else if (fmt->duration != AV_NOPTS_VALUE && fmt->duration > 0) seconds = fmt->duration / 1e6;
+    if (seconds >= 0) seconds = std::max(0.0, seconds - o_.start_seconds);
+    if (!std::isinf(o_.end_seconds))
+      seconds = seconds < 0 ? o_.end_seconds - o_.start_seconds
+                            : std::min(seconds, o_.end_seconds - o_.start_seconds);
+    const double rate = out_rate_.num > 0 ? av_q2d(out_rate_) : stream_fps_;
+    if (seconds >= 0 && rate > 0) estimate_ = static_cast<int64_t>(std::ceil(seconds * rate)) + 1;
+    else if (st->nb_frames > 0 && out_rate_.num == 0 && o_.start_seconds <= 0) estimate_ = st->nb_frames;
+  }
+
+  // Places the demuxer so that decoding forward reaches the clip start, for retry `attempt`.
+  // av_seek_frame(BACKWARD) finds the key frame at or before a timestamp, but formats whose
+  // index holds decode times (MP4 with B-frames) or open-GOP streams (HEVC CRA leading pictures)
+  // can land after the start in presentation order; the first decoded frame tells (verify_), and
+  // the next attempt seeks 1 s, 4 s, 16 s, 64 s earlier. A target at or before the stream's first
+  // timestamp, a failed seek or a fifth miss reopens the file and decodes from its beginning,
+  // which is always right.
+  void position(int attempt) {
+    int64_t target = start_;
+    if (attempt > 0) target -= av_rescale_q(int64_t{1000000} << (2 * (attempt - 1)), AV_TIME_BASE_Q, tb_);
+    int ret = -1;
+    if (attempt < 5 && target > stream_first_) {
+      ret = av_seek_frame(src_->fmt.get(), src_->si, target, AVSEEK_FLAG_BACKWARD);
+      if (ret >= 0) avcodec_flush_buffers(src_->dec.get());
+    }
+    if (ret < 0) {
+      src_ = open_source(path_, o_.threads, backend_);
+      verify_ = false;
+    } else {
+      verify_ = true;
+    }
+    last_pts_ = AV_NOPTS_VALUE;
+    last_duration_ = 0;
+  }
+
+  // Reads and decodes until the clip is complete (kDone), the stream ends (kMore) or a seek
+  // landed too late (kReseek).
+  Flow decode_all() {
+    AVFormatContext* fmt = src_->fmt.get();
+    AVCodecContext* dec = src_->dec.get();
+    Flow flow = Flow::kMore;
+    while (flow == Flow::kMore) {
+      int ret = av_read_frame(fmt, pkt_.get());
+      if (ret == AVERROR(EAGAIN)) continue;
+      if (ret < 0) {
+        // End of file, or data that cannot be demuxed further (a truncated file ends here).
+        if (ret != AVERROR_EOF) last_error_ = ret;
+        break;
+      }
+      if (pkt_->stream_index == src_->si) {
+        ret = avcodec_send_packet(dec, pkt_.get());
+        if (ret == AVERROR(EAGAIN)) {  // decoder full: take its frames, then resend
+          flow = drain();
+          if (flow == Flow::kMore) ret = avcodec_send_packet(dec, pkt_.get());
+        }
+        if (flow == Flow::kMore && ret < 0) {
+          check_fatal(ret, "the decoder failed");
+          last_error_ = ret;  // a corrupt packet: skip it
+          ++bad_packets_;
+        }
+        if (flow == Flow::kMore) flow = drain();
+      }
+      av_packet_unref(pkt_.get());
+    }
+    av_packet_unref(pkt_.get());
+    if (flow == Flow::kMore) {
+      // Flush: a NULL packet makes the decoder return the frames it still holds (B-frame
+      // reordering and frame threads keep several), without which the clip's tail is lost.
+      // With frame threads, a worker's error on an earlier corrupt packet can surface here; it is
+      // no reason to drop the frames that did decode.
+      // (Sending the flush packet again after such an error answers AVERROR_EOF once accepted.)
+      for (int attempt = 0; attempt < 16 && flow == Flow::kMore; ++attempt) {
+        const int ret = avcodec_send_packet(dec, nullptr);
+        check_fatal(ret, "flushing the decoder failed");
+        if (ret >= 0 || ret == AVERROR_EOF) break;
+        last_error_ = ret;
+        flow = drain();
+      }
+      if (flow == Flow::kMore) flow = drain();
+    }
+    return flow;
+  }
+
+  // Errors that end the decode (rather than skip one damaged packet or picture).
+  void check_fatal(int ret, const char* what) {
+    VIDIT_CHECK(!(src_->hw.strict && src_->hw.refused), "video file '", path_, "': device=nvdec, "
+                "but NVDEC cannot decode this ", src_->codec->name, " stream (a profile, bit "
+                "depth, chroma format or size the GPU's decoder lacks); use device=auto or cpu");
+    VIDIT_CHECK(ret != AVERROR(ENOMEM) && ret != AVERROR(EINVAL), "video file '", path_, "': the ",
+                src_->codec->name, src_->on_gpu ? " (NVDEC)" : "", " decoder: ", what, ": ",
+                av_error_text(ret));
+  }
+
+  // Takes every frame the decoder has ready.
+  Flow drain() {
+    AVCodecContext* dec = src_->dec.get();
+    for (;;) {
+      const int r = avcodec_receive_frame(dec, frame_.get());
+      if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return Flow::kMore;
       if (r < 0) {  // a damaged picture: skip it, as the ffmpeg CLI does
-        VIDIT_CHECK(r != AVERROR(ENOMEM), "video file '", path, "': out of memory while decoding");
-        last_error = r;
-        if (++bad_packets > 100000) return true;  // cannot loop forever on a broken decoder
+        check_fatal(r, "decoding failed");
+        last_error_ = r;
+        if (++bad_packets_ > 100000) return Flow::kMore;  // cannot loop forever on a broken decoder
         continue;
       }
-      out.add(frame.get(), estimate);
-      av_frame_unref(frame.get());
+      const Flow flow = on_frame(frame_.get());
+      av_frame_unref(frame_.get());
+      if (flow != Flow::kMore) return flow;
     }
-    return false;
-  };
-
-  bool more = true;
-  while (more) {
-    ret = av_read_frame(fmt.get(), pkt.get());
-    if (ret == AVERROR(EAGAIN)) continue;
-    if (ret < 0) {
-      // End of file, or data that cannot be demuxed further (a truncated file ends here).
-      if (ret != AVERROR_EOF) last_error = ret;
-      break;
-    }
-    if (pkt->stream_index == si) {
-      ret = avcodec_send_packet(dec.get(), pkt.get());
-      if (ret == AVERROR(EAGAIN)) {  // decoder full: take its frames, then resend
-        more = drain();
-        if (more) ret = avcodec_send_packet(dec.get(), pkt.get());
-      }
-      if (more && ret < 0) {
-        VIDIT_CHECK(ret != AVERROR(ENOMEM) && ret != AVERROR(EINVAL), "video file '", path,
-                    "': the ", codec->name, " decoder failed: ", av_error_text(ret));
-        last_error = ret;  // a corrupt packet: skip it
-        ++bad_packets;
-      }
-      if (more) more = drain();
-    }
-    av_packet_unref(pkt.get());
-  }
-  if (more) {
-    // Flush: a NULL packet makes the decoder return the frames it still holds (B-frame
-    // reordering and frame threads keep several), without which the clip's tail is lost.
-    // With frame threads, a worker's error on an earlier corrupt packet can surface here; it is
-    // no reason to drop the frames that did decode.
-    // (Sending the flush packet again after such an error answers AVERROR_EOF once accepted.)
-    for (int attempt = 0; attempt < 16 && more; ++attempt) {
-      ret = avcodec_send_packet(dec.get(), nullptr);
-      VIDIT_CHECK(ret != AVERROR(ENOMEM) && ret != AVERROR(EINVAL), "video file '", path,
-                  "': flushing the ", codec->name, " decoder failed: ", av_error_text(ret));
-      if (ret >= 0 || ret == AVERROR_EOF) break;
-      last_error = ret;
-      more = drain();
-    }
-    if (more) drain();
   }
 
-  VIDIT_CHECK(out.count() > 0, "no frame could be decoded from video file '", path, "' (",
-              codec->name, " stream #", si, ", ", bad_packets, " bad packet(s)",
-              last_error ? ", last error: " + av_error_text(last_error) : std::string(),
-              "); the file is corrupt or truncated");
+  Flow on_frame(AVFrame* f) {
+    ++decoded_;
+    int64_t pts = f->best_effort_timestamp;
+    if (pts == AV_NOPTS_VALUE) pts = f->pts;
+    if (pts == AV_NOPTS_VALUE)  // no timestamp at all: continue from the previous frame
+      pts = last_pts_ == AV_NOPTS_VALUE ? stream_first_ : last_pts_ + std::max<int64_t>(1, last_duration_);
+    if (verify_) {
+      verify_ = false;
+      if (pts > start_) return Flow::kReseek;  // the seek landed after the clip start
+    }
+    // The last frame's duration ends the stream: its packet's, else the gap before it, else one
+    // frame at the stream's average rate.
+    int64_t duration = frame_duration(f);
+    if (duration <= 0 && last_pts_ != AV_NOPTS_VALUE && pts > last_pts_) duration = pts - last_pts_;
+    if (duration <= 0 && stream_fps_ > 0) duration = av_rescale_q(1, av_d2q(1 / stream_fps_, INT_MAX), tb_);
+    last_pts_ = pts;
+    last_duration_ = duration;
 
-  DecodedVideo v;
-  v.frames = out.take();
-  if (int q = clockwise_quarter_turns(st); q != 0)
-    v.frames = at::rot90(v.frames, -q, {1, 2}).contiguous();  // k < 0: clockwise in (H, W)
-  v.fps = fps;
-  v.height = v.frames.size(1);
-  v.width = v.frames.size(2);
-  return v;
+    const FramePicker::Step step = picker_->on_frame(pts);
+    emit_held(step.held);
+    if (step.now > 0) emit(f, step.now, pts * av_q2d(tb_) - origin_seconds_, 0);
+    if (step.hold) {
+      av_frame_unref(held_.get());
+      const int ret = av_frame_ref(held_.get(), f);
+      VIDIT_CHECK(ret >= 0, "video file '", path_, "': out of memory keeping a frame: ",
+                  av_error_text(ret));
+      holding_ = true;
+    }
+    return step.done ? Flow::kDone : Flow::kMore;
+  }
+
+  void emit_held(const FramePicker::Run& run) {
+    if (run.copies <= 0 || !holding_) return;
+    emit(held_.get(), run.copies, picker_->slot_seconds(run.first_slot) - origin_seconds_,
+         1.0 / av_q2d(out_rate_));
+  }
+
+  // Appends `copies` outputs of `f`, the first at `seconds` (clip time), then `step` apart.
+  void emit(const AVFrame* f, int64_t copies, double seconds, double step) {
+    const AVFrame* host = nvdec_host(f);
+    if (out_.count() == 0) {
+      const AVRational sar = av_guess_sample_aspect_ratio(src_->fmt.get(), src_->st,
+                                                          const_cast<AVFrame*>(host));
+      sar_ = sar.num > 0 && sar.den > 0 ? sar : AVRational{1, 1};
+      av_reduce(&sar_.num, &sar_.den, sar_.num, sar_.den, INT_MAX);
+      out_width_ = host->width;
+      if (o_.square_pixels && sar_.num != sar_.den) {
+        out_width_ = std::max<int64_t>(1, av_rescale(host->width, sar_.num, sar_.den));
+        sar_ = AVRational{1, 1};
+      }
+    }
+    out_.add(host, copies, out_width_, estimate_);
+    for (int64_t c = 0; c < copies; ++c) timestamps_.push_back(seconds + c * step);
+  }
+
+  const AVFrame* nvdec_host(const AVFrame* f) {
+    if (!src_->on_gpu) return f;
+    return nvdec::to_host(f, host_.get(), path_);
+  }
+
+  DecodedVideo result() {
+    AVFormatContext* fmt = src_->fmt.get();
+    VIDIT_CHECK(decoded_ > 0, "no frame could be decoded from video file '", path_, "' (",
+                src_->codec->name, src_->on_gpu ? " on NVDEC" : "", " stream #", src_->si, ", ",
+                bad_packets_, " bad packet(s)",
+                last_error_ ? ", last error: " + av_error_text(last_error_) : std::string(),
+                "); the file is corrupt or truncated");
+    VIDIT_CHECK(out_.count() > 0, "video file '", path_, "' has no frame in the clip window [",
+                o_.start_seconds, ", ", o_.end_seconds, ") seconds (the file lasts ",
+                fmt->duration != AV_NOPTS_VALUE ? std::to_string(fmt->duration / 1e6) + " s"
+                                                : std::string("an unknown time"),
+                "); choose a window inside the video");
+    DecodedVideo v;
+    v.frames = out_.take();
+    if (int q = clockwise_quarter_turns(src_->st); q != 0) {
+      v.frames = at::rot90(v.frames, -q, {1, 2}).contiguous();  // k < 0: clockwise in (H, W)
+      if (q % 2) std::swap(sar_.num, sar_.den);
+    }
+    v.fps = out_rate_.num > 0 ? av_q2d(out_rate_) : stream_fps_;
+    v.height = v.frames.size(1);
+    v.width = v.frames.size(2);
+    v.sar_num = sar_.num;
+    v.sar_den = sar_.den;
+    v.timestamps = std::move(timestamps_);
+    return v;
+  }
+
+  const std::string& path_;
+  const DecodeOptions& o_;
+  Backend backend_;
+  bool* on_gpu_started_ = nullptr;
+  std::unique_ptr<Source> src_;
+  PacketPtr pkt_;
+  FramePtr frame_, held_, host_;
+  RgbWriter out_;
+  std::vector<double> timestamps_;
+  std::optional<FramePicker> picker_;
+
+  AVRational tb_{1, 1};
+  AVRational out_rate_{0, 1};  // 0: native rate
+  int64_t start_ = 0;          // clip start (and resampling origin), stream ticks
+  int64_t stream_first_ = 0;   // the stream's first timestamp, stream ticks
+  double origin_seconds_ = 0;  // the file's start time, seconds
+  double stream_fps_ = 0;
+  int64_t estimate_ = 64;      // output frames expected, for the first allocation
+  bool verify_ = false;        // the next frame is the first after a seek
+  bool holding_ = false;
+  int64_t last_pts_ = AV_NOPTS_VALUE, last_duration_ = 0;
+  int64_t decoded_ = 0, bad_packets_ = 0;
+  int last_error_ = 0;         // the latest decode/read error, reported if nothing decodes
+  AVRational sar_{1, 1};
+  int64_t out_width_ = 0;
+};
+
+void check_options(const std::string& path, const DecodeOptions& o) {
+  const auto bad = [&](auto... parts) { fail("decode_video('", path, "'): ", parts...); };
+  if (!(std::isfinite(o.start_seconds) && o.start_seconds >= 0))
+    bad("start_seconds must be finite and >= 0, got ", o.start_seconds);
+  if (!(o.end_seconds > o.start_seconds))
+    bad("end_seconds must be > start_seconds (", o.start_seconds, "), got ", o.end_seconds);
+  if (!(o.max_frames == -1 || o.max_frames > 0))
+    bad("max_frames must be -1 (all frames) or > 0, got ", o.max_frames);
+  if (!(std::isfinite(o.target_fps) && o.target_fps >= 0 && o.target_fps < 1e6))
+    bad("target_fps must be 0 (native rate) or a positive frame rate, got ", o.target_fps);
+  if (o.threads < 0) bad("threads must be >= 0 (0 = automatic), got ", o.threads);
+  if (o.cuda_device < -1) bad("cuda_device must be >= 0, or -1 for automatic, got ", o.cuda_device);
+}
+
+}  // namespace
+
+bool video_decoding_available() { return true; }
+
+DecodedVideo decode_video(const std::string& path, const DecodeOptions& options) {
+  check_options(path, options);
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  VIDIT_CHECK(std::filesystem::exists(status), "video file '", path,
+              "' does not exist (check the path and the working directory)");
+  VIDIT_CHECK(!std::filesystem::is_directory(status), "video file '", path,
+              "' is a directory, not a video file");
+  quiet_ffmpeg_logs();
+
+  if (options.device == DecodeDevice::kCpu) return ClipDecoder(path, options, {}).run();
+
+  std::string why;
+  const int gpu = nvdec::resolve_device_index(options.cuda_device);
+  AVBufferRef* cuda = nvdec::cuda_device(gpu, &why);
+  if (options.device == DecodeDevice::kNvdec) {
+    VIDIT_CHECK(cuda, "cannot decode video file '", path, "' with device=nvdec: ", why,
+                "; use device=auto (falls back to software) or cpu");
+    return ClipDecoder(path, options, {cuda, true}).run();
+  }
+  if (!cuda) {
+    nvdec::log_software_fallback(why);
+    return ClipDecoder(path, options, {}).run();
+  }
+  // auto with a GPU: NVDEC where it has a decoder for the codec. A stream it starts on and then
+  // cannot finish (an unsupported profile the native AV1 decoder has no software path for, a
+  // driver error) is decoded again in software.
+  bool on_gpu = false;
+  try {
+    ClipDecoder d(path, options, {cuda, false});
+    d.report_gpu_to(&on_gpu);
+    return d.run();
+  } catch (const Error& e) {
+    if (!on_gpu) throw;
+    nvdec::log_software_fallback(std::string("NVDEC failed on '") + path + "': " + e.what());
+    return ClipDecoder(path, options, {}).run();
+  }
+}
+
+DecodedVideo decode_video(const std::string& path, int64_t max_frames, int threads) {
+  DecodeOptions o;
+  o.max_frames = max_frames;
+  o.threads = threads;
+  o.device = DecodeDevice::kCpu;
+  return decode_video(path, o);
 }
 
 }  // namespace vidit

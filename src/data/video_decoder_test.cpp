@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,96 +19,12 @@
 
 #include "core/error.h"
 #include "data/video_decoder.h"
+#include "data/video_test_util.h"
 
 namespace vidit {
 namespace {
 
-namespace fs = std::filesystem;
-
-bool ffmpeg_cli_available() {
-  static const bool ok = std::system("ffmpeg -hide_banner -loglevel error -version >/dev/null 2>&1") == 0;
-  return ok;
-}
-
-#define SKIP_WITHOUT_FFMPEG_CLI()                                                    \
-  do {                                                                               \
-    if (!ffmpeg_cli_available()) GTEST_SKIP() << "the ffmpeg program is not on PATH"; \
-  } while (0)
-
-#define SKIP_WITHOUT_DECODING()                                                              \
-  do {                                                                                       \
-    if (!video_decoding_available()) GTEST_SKIP() << "this build has no FFmpeg decode support"; \
-    SKIP_WITHOUT_FFMPEG_CLI();                                                               \
-  } while (0)
-
-std::string quote(const fs::path& p) {
-  std::string out = "'";
-  for (char c : p.string()) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// Runs `ffmpeg <args>` quietly; true on success.
-bool ffmpeg(const std::string& args) {
-  const std::string cmd = "ffmpeg -hide_banner -nostdin -loglevel error -y " + args;
-  const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "command failed: " << cmd;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-// The ffmpeg CLI's own decode of `file` to [T, H, W, 3] uint8 RGB.
-at::Tensor cli_decode(const fs::path& file, int64_t h, int64_t w) {
-  const std::string cmd = "ffmpeg -hide_banner -nostdin -loglevel error -i " + quote(file) +
-                          " -fps_mode passthrough -f rawvideo -pix_fmt rgb24 -";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) {
-    ADD_FAILURE() << "cannot run: " << cmd;
-    return {};
-  }
-  std::vector<uint8_t> bytes;
-  uint8_t buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) bytes.insert(bytes.end(), buf, buf + n);
-  const int status = pclose(pipe);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "command failed: " << cmd;
-  const int64_t frame_bytes = h * w * 3;
-  EXPECT_EQ(bytes.size() % frame_bytes, 0u) << cmd << " gave a partial frame for " << h << "x" << w;
-  const int64_t t = static_cast<int64_t>(bytes.size()) / frame_bytes;
-  return at::from_blob(bytes.data(), {t, h, w, 3}, at::kByte).clone();
-}
-
-double mean_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().mean().item<double>();
-}
-
-::testing::AssertionResult same_frames(const at::Tensor& got, const at::Tensor& want) {
-  if (got.sizes() != want.sizes())
-    return ::testing::AssertionFailure() << "shape " << got.sizes() << " vs " << want.sizes();
-  for (int64_t t = 0; t < got.size(0); ++t) {
-    if (!at::equal(got[t], want[t])) {
-      const double max_diff = (got[t].to(at::kInt) - want[t].to(at::kInt)).abs().max().item<int>();
-      return ::testing::AssertionFailure() << "frame " << t << " differs: max abs diff " << max_diff
-                                           << ", mean abs diff " << mean_abs_diff(got[t], want[t]);
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// Calls fn, expecting a vidit::Error whose message names `path`; returns the message.
-template <typename Fn>
-std::string expect_error_naming(const std::string& path, Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << "message does not name '" << path << "': " << msg;
-    return msg;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected vidit::Error for '" << path << "', got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected vidit::Error for '" << path << "', nothing was thrown";
-  return {};
-}
+using namespace video_test;  // NOLINT: the shared ffmpeg CLI helpers
 
 // Coloured squares that move with t: [T, H, W, 3] uint8.
 at::Tensor square_pattern(int64_t T, int64_t H, int64_t W) {
@@ -376,6 +293,77 @@ TEST_F(VideoDecoder, UndecodableFilesThrowNamingTheFile) {
   for (const fs::path& p : {m4a, mp3}) {
     const std::string msg = expect_error_naming(p.string(), [&] { decode_video(p.string()); });
     EXPECT_NE(msg.find("no video stream"), std::string::npos) << msg;
+  }
+}
+
+
+// Unusable inputs not covered above (random bytes, empty, audio-only, missing, directory, noise
+// payload are): a truncated MP4 whose index (moov) was cut off, and requests that no file can
+// satisfy. A truncated stream whose header survives decodes up to the cut (see the header).
+TEST_F(VideoDecoder, TruncatedFilesAndImpossibleClipsThrowNamingTheFile) {
+  SKIP_WITHOUT_DECODING();
+  const fs::path clip = make_h264_clip();  // moov at the end, as ffmpeg writes by default
+  std::vector<char> bytes;
+  {
+    std::ifstream in(clip, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string cut = file("cut.mp4").string();
+  {
+    std::ofstream out(cut, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  DecodeOptions o = cpu_options();
+  std::string msg = expect_error_naming(cut, [&] { decode_video(cut, o); });
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+
+  // Matroska cut in the middle: the frames before the cut, no error.
+  const fs::path mkv = file("whole.mkv");
+  ASSERT_TRUE(ffmpeg("-f lavfi -i testsrc2=size=64x48:rate=16 -frames:v 32 -c:v libx264 -g 4 " +
+                     quote(mkv)));
+  {
+    std::ifstream in(mkv, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string mkv_cut = file("cut.mkv").string();
+  {
+    std::ofstream out(mkv_cut, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  const DecodedVideo prefix = decode_video(mkv_cut, o);
+  EXPECT_GT(prefix.frames.size(0), 0);
+  EXPECT_LT(prefix.frames.size(0), 32);
+  EXPECT_TRUE(same_frames(prefix.frames, decode_video(mkv.string(), o).frames.narrow(0, 0, prefix.frames.size(0))));
+
+  // A window after the end of a 1-second clip; and options no clip can satisfy.
+  const std::string path = clip.string();
+  o.start_seconds = 5;
+  msg = expect_error_naming(path, [&] { decode_video(path, o); });
+  EXPECT_NE(msg.find("no frame in the clip window"), std::string::npos) << msg;
+  const auto bad = [&](auto edit) {
+    DecodeOptions b = cpu_options();
+    edit(b);
+    expect_error_naming(path, [&] { decode_video(path, b); });
+  };
+  bad([](DecodeOptions& b) { b.start_seconds = -1; });
+  bad([](DecodeOptions& b) { b.start_seconds = std::nan(""); });
+  bad([](DecodeOptions& b) { b.end_seconds = 0; });
+  bad([](DecodeOptions& b) { b.start_seconds = 0.5; b.end_seconds = 0.5; });
+  bad([](DecodeOptions& b) { b.target_fps = -1; });
+  bad([](DecodeOptions& b) { b.target_fps = INFINITY; });
+  bad([](DecodeOptions& b) { b.max_frames = 0; });
+  bad([](DecodeOptions& b) { b.threads = -2; });
+  bad([](DecodeOptions& b) { b.cuda_device = -2; });
+}
+
+TEST(DecodeOptions, DeviceNamesRoundTrip) {
+  for (DecodeDevice d : {DecodeDevice::kAuto, DecodeDevice::kCpu, DecodeDevice::kNvdec})
+    EXPECT_EQ(parse_decode_device(decode_device_name(d)), d);
+  try {
+    parse_decode_device("gpu", "data.decode_device");
+    ADD_FAILURE() << "no error for 'gpu'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.decode_device"), std::string::npos) << e.what();
   }
 }
 

@@ -2,9 +2,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/plot.h"
@@ -42,6 +44,60 @@ std::vector<at::Tensor> sample_captions(DiT& model, const Config& cfg,
   return out;
 }
 
+namespace {
+
+// The (colour, direction) pairs held out of training: every shape, samples_per_prompt each.
+struct HeldOutPrompts {
+  std::vector<std::string> captions;
+  std::vector<std::pair<int, Direction>> want;
+};
+
+HeldOutPrompts held_out_prompts(const Config& cfg) {
+  HeldOutPrompts p;
+  for (int c = 0; c < int(palette().size()); ++c)
+    for (Direction d : directions())
+      if (held_out(c, d))
+        for (int s = 0; s < int(shape_names().size()); ++s)
+          for (int64_t k = 0; k < cfg.demo.samples_per_prompt; ++k) {
+            ClipSpec spec;
+            spec.colour = c, spec.shape = s, spec.direction = d;
+            p.captions.push_back(caption(spec));
+            p.want.emplace_back(c, d);
+          }
+  return p;
+}
+
+// Samples every held-out prompt and counts the clips that adhere. With `samples_dir`, writes
+// each clip as MP4 there and prints one line per clip.
+std::pair<int, int> check_held_out(DiT& model, const Config& cfg, const std::string& samples_dir) {
+  const HeldOutPrompts p = held_out_prompts(cfg);
+  auto clips = sample_captions(model, cfg, p.captions, cfg.sample.seed);
+  if (!samples_dir.empty()) std::filesystem::create_directories(samples_dir);
+  int correct = 0;
+  for (size_t i = 0; i < clips.size(); ++i) {
+    ClipAnalysis a = analyse_clip(clips[i]);
+    const bool ok = adheres(a, p.want[i].first, p.want[i].second);
+    correct += ok;
+    if (samples_dir.empty()) continue;
+    std::string name = p.captions[i].substr(2);
+    std::replace(name.begin(), name.end(), ' ', '_');
+    std::string path = samples_dir + "/" + name + "_" + std::to_string(i % cfg.demo.samples_per_prompt) + ".mp4";
+    encode_video_mp4(path, clips[i], 8.0, 10, /*upscale=*/4);
+    std::printf("[demo]     %-28s -> %-44s %s\n", p.captions[i].c_str(), a.describe().c_str(), ok ? "ok" : "MISS");
+  }
+  return {correct, int(clips.size())};
+}
+
+// The weights the demo samples with: the EMA when there is one.
+DiT sampling_model(Trainer& trainer, const Config& cfg) {
+  if (!trainer.ema()) return trainer.model();
+  DiT model(cfg.model);
+  load_state_dict(*model, trainer.ema()->weights(), "EMA weights");
+  return model;
+}
+
+}  // namespace
+
 DemoReport run_demo(const Config& cfg, bool resume) {
   namespace fs = std::filesystem;
   const auto t_start = std::chrono::steady_clock::now();
@@ -65,45 +121,27 @@ DemoReport run_demo(const Config& cfg, bool resume) {
   Trainer trainer(cfg, data.dataset, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
   if (resume && trainer.resume())
     std::printf("[demo]     resumed at step %lld\n", (long long)trainer.steps_done());
+  double eval_seconds = 0;
+  auto periodic_check = [&](const StepResult& r) {
+    if (cfg.demo.eval_every <= 0 || r.step % cfg.demo.eval_every != 0 || r.step == cfg.train.steps) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    DiT model = sampling_model(trainer, cfg);
+    auto [ok, n] = check_held_out(model, cfg, "");
+    eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("[demo]     step %lld: held-out adherence %d/%d = %.1f%%\n", (long long)r.step, ok, n, 100.0 * ok / n);
+    std::fflush(stdout);
+  };
   const auto t_train = std::chrono::steady_clock::now();
-  report.losses = trainer.fit();
-  report.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
+  report.losses = trainer.fit(-1, true, periodic_check);
+  report.train_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() - eval_seconds;
   write_loss_curve_png(out + "/loss.png", report.losses);
 
-  // Sample with the EMA weights when there are any.
-  DiT model = trainer.model();
-  if (trainer.ema()) {
-    model = DiT(cfg.model);
-    load_state_dict(*model, trainer.ema()->weights(), "EMA weights");
-  }
-  std::vector<std::string> captions;
-  std::vector<std::pair<int, Direction>> want;
-  for (int c = 0; c < int(palette().size()); ++c)
-    for (Direction d : directions())
-      if (held_out(c, d))
-        for (int s = 0; s < int(shape_names().size()); ++s)
-          for (int64_t k = 0; k < cfg.demo.samples_per_prompt; ++k) {
-            ClipSpec spec;
-            spec.colour = c, spec.shape = s, spec.direction = d;
-            captions.push_back(caption(spec));
-            want.emplace_back(c, d);
-          }
-  std::printf("[demo] 4/4 sampling %zu clips for prompts held out of training (%lld Euler steps, cfg %.1f)\n",
-              captions.size(), (long long)cfg.sample.steps, cfg.sample.cfg_scale);
+  std::printf("[demo] 4/4 sampling %lld clips for prompts held out of training (%lld Euler steps, cfg %.1f)\n",
+              (long long)(held_out_prompts(cfg).captions.size()), (long long)cfg.sample.steps, cfg.sample.cfg_scale);
   std::fflush(stdout);
-  auto clips = sample_captions(model, cfg, captions, cfg.sample.seed);
-  fs::create_directories(out + "/samples");
-  for (size_t i = 0; i < clips.size(); ++i) {
-    ClipAnalysis a = analyse_clip(clips[i]);
-    const bool ok = adheres(a, want[i].first, want[i].second);
-    report.correct += ok;
-    ++report.total;
-    std::string name = captions[i].substr(2);
-    std::replace(name.begin(), name.end(), ' ', '_');
-    std::string path = out + "/samples/" + name + "_" + std::to_string(i % cfg.demo.samples_per_prompt) + ".mp4";
-    encode_video_mp4(path, clips[i], 8.0, 10, /*upscale=*/4);
-    std::printf("[demo]     %-28s -> %-44s %s\n", captions[i].c_str(), a.describe().c_str(), ok ? "ok" : "MISS");
-  }
+  DiT model = sampling_model(trainer, cfg);
+  std::tie(report.correct, report.total) = check_held_out(model, cfg, out + "/samples");
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::printf("[demo] prompt adherence on held-out prompts: %d/%d = %.1f%% (target >= 90%%)\n", report.correct,
               report.total, 100.0 * report.adherence());

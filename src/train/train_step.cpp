@@ -15,20 +15,31 @@ StepResult Trainer::step() {
   const double lr = learning_rate(step_, tc.steps, tc.lr, tc.warmup_steps, tc.schedule, tc.min_lr_ratio);
 
   for (auto& p : param_list_) p.mutable_grad() = at::Tensor();
-  double loss_sum = 0;
+  double loss_sum = 0, flops = 0;
+  int64_t samples = 0, tokens = 0;
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
-    // Data: clean latents x0 and text embeddings for this micro-batch.
-    auto [x0, text] = data_->batch(sampler_.next(tc.batch_size));
+    // Data: clean latents x0 and text embeddings for this micro-batch (single process: a batch
+    // emptied by unreadable samples is replaced by the next one).
+    MicroBatch mb = data_->next(tc.batch_size);
+    while (mb.latents.size(0) == 0) mb = data_->next(tc.batch_size);
+    at::Tensor x0 = mb.latents, text = mb.texts;
+    const int64_t B = x0.size(0);
+    samples += B;
+    tokens += B * (x0.size(2) / cfg_.model.patch[0]) * (x0.size(3) / cfg_.model.patch[1]) *
+              (x0.size(4) / cfg_.model.patch[2]);
+    flops += double(B) * sample_flops(x0);
     // Flow matching: sigma per sample, x_t = (1 - sigma) x0 + sigma eps, target eps - x0.
-    at::Tensor sigma = sample_sigmas(tc.batch_size, cfg_.diffusion, gen_);
+    at::Tensor sigma = sample_sigmas(B, cfg_.diffusion, gen_);
     at::Tensor noise = at::randn(x0.sizes(), gen_, at::kFloat);
     text = drop_text(text, null_text_, cfg_.diffusion.text_drop_prob, gen_);
-    FlowSample fs = make_flow_sample(x0.to(device_), noise.to(device_), sigma.to(device_));
+    // Pinned host batches (the cache loader on a GPU machine) copy asynchronously.
+    auto dev = [&](const at::Tensor& t) { return t.to(device_, t.scalar_type(), /*non_blocking=*/t.is_pinned()); };
+    FlowSample fs = make_flow_sample(dev(x0), dev(noise), dev(sigma));
 
     at::Tensor pred;
     {
       AutocastGuard autocast(tc.precision, device_.type());
-      pred = model_->forward(fs.x_t, fs.timestep, text.to(device_));
+      pred = model_->forward(fs.x_t, fs.timestep, dev(text));
     }
     at::Tensor loss = flow_loss(pred, fs.target) / double(tc.grad_accum);
     loss.backward();
@@ -41,7 +52,7 @@ StepResult Trainer::step() {
   ++step_;
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {step_, loss_sum, grad_norm, lr, secs};
+  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs};
 }
 
 }  // namespace vidit

@@ -13,11 +13,14 @@ namespace vidit {
 
 Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
                  at::Device device)
+    : Trainer(cfg, std::make_shared<EpochBatchSource>(std::move(data), cfg.train.seed), std::move(null_text),
+              device) {}
+
+Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text, at::Device device)
     : cfg_(cfg),
-      data_(std::move(data)),
+      data_(std::move(source)),
       null_text_(std::move(null_text)),
       device_(device),
-      sampler_(data_->size(), cfg.train.seed),
       gen_(at::make_generator<at::CPUGeneratorImpl>(cfg.train.seed + 1)),
       info_(model_info(cfg)) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
@@ -43,7 +46,7 @@ std::string Trainer::save() {
   if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
   s.optimizer = opt_->state();
   s.optimizer["rng/train"] = gen_.get_state();
-  s.sampler = sampler_.state();
+  s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   return save_checkpoint(cfg_.train.out_dir, s, cfg_.train.keep_checkpoints);
 }
@@ -65,8 +68,16 @@ void Trainer::load(const std::string& dir) {
   auto rng = s.optimizer.find("rng/train");
   VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
   gen_.set_state(rng->second);
-  sampler_.set_state(s.sampler);
+  data_->set_state(s.sampler);
   step_ = s.step;
+}
+
+double Trainer::sample_flops(const at::Tensor& x) {
+  if (x.size(2) == cfg_.data.latent_frames && x.size(3) == cfg_.data.latent_height && x.size(4) == cfg_.data.latent_width)
+    return info_.train_flops;
+  Config c = cfg_;
+  c.data.latent_frames = x.size(2), c.data.latent_height = x.size(3), c.data.latent_width = x.size(4);
+  return model_info(c).train_flops;
 }
 
 bool Trainer::resume() {
@@ -76,25 +87,24 @@ bool Trainer::resume() {
   return true;
 }
 
-std::vector<double> Trainer::fit(int64_t until_step, bool console) {
+std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
   const int64_t total = cfg_.train.steps;
   const int64_t until = until_step < 0 ? total : std::min(until_step, total);
   std::filesystem::create_directories(cfg_.train.out_dir);
   MetricsLogger logger(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console);
   std::vector<double> losses;
-  const double samples = double(cfg_.train.batch_size * cfg_.train.grad_accum);
   while (step_ < until) {
     StepResult r = step();
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
-      StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, samples / r.seconds,
-                    samples * double(info_.tokens) / r.seconds,
-                    samples * info_.train_flops / r.seconds / 1e12};
+      StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
+                    double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
       logger.log(m);
     }
     if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until) save();
+    if (after_step) after_step(r);
   }
   save();
   return losses;

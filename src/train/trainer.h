@@ -2,12 +2,13 @@
 // runs optimizer steps (train_step.cpp), logging and checkpointing. Deterministic for a seed:
 // on the CPU a run resumed from a checkpoint reproduces the uninterrupted run bit for bit.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "core/config.h"
+#include "data/batch_source.h"
 #include "data/dataset.h"
-#include "data/epoch_sampler.h"
 #include "model/dit.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
@@ -18,6 +19,9 @@ namespace vidit {
 
 struct StepResult {
   int64_t step = 0;       // steps completed after this one
+  int64_t samples = 0;    // samples in this step (all micro-batches)
+  int64_t tokens = 0;     // video tokens in this step
+  double flops = 0;       // training FLOPs of this step (model_info.h accounting)
   double loss = 0;        // mean over the micro-batches
   double grad_norm = 0;   // before clipping
   double lr = 0;
@@ -27,7 +31,11 @@ struct StepResult {
 class Trainer {
  public:
   // `null_text` [Lt, text_dim]: the embedding used when the caption is dropped (CFG).
+  // Reads `data` through an EpochSampler (fixed-shape samples).
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
+          at::Device device = at::kCPU);
+  // Reads any batch source, e.g. the latent cache's bucketed loader (variable shapes).
+  Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text,
           at::Device device = at::kCPU);
 
   // Loads the newest checkpoint under cfg.train.out_dir; returns false when there is none.
@@ -38,7 +46,9 @@ class Trainer {
   StepResult step();
   // Steps until `until_step` (default: cfg.train.steps), logging every log_every steps,
   // checkpointing every ckpt_every steps and at the end. Returns each step's loss.
-  std::vector<double> fit(int64_t until_step = -1, bool console = true);
+  // `after_step`, when given, runs after every step (e.g. a periodic evaluation).
+  using StepHook = std::function<void(const StepResult&)>;
+  std::vector<double> fit(int64_t until_step = -1, bool console = true, const StepHook& after_step = {});
   // Writes a checkpoint now; returns its directory.
   std::string save();
 
@@ -49,7 +59,7 @@ class Trainer {
 
  private:
   Config cfg_;
-  std::shared_ptr<const Dataset> data_;
+  std::shared_ptr<BatchSource> data_;
   at::Tensor null_text_;
   at::Device device_;
   DiT model_{nullptr};
@@ -57,9 +67,9 @@ class Trainer {
   std::vector<at::Tensor> param_list_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<EMA> ema_;
-  EpochSampler sampler_;
   at::Generator gen_;  // timesteps, noise, caption dropout
   ModelInfo info_;
+  double sample_flops(const at::Tensor& latents);  // per sample of this shape
   int64_t step_ = 0;
 };
 

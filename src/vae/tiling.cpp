@@ -1,0 +1,79 @@
+#include "vae/tiling.h"
+
+#include "core/error.h"
+
+namespace vidit {
+
+std::vector<TileSpan> tile_spans(int64_t size, int64_t tile, int64_t stride) {
+  VIDIT_CHECK(tile > 0 && stride > 0 && stride <= tile, "tiling: need 0 < stride <= tile, got tile ", tile,
+              ", stride ", stride);
+  std::vector<TileSpan> spans;
+  for (int64_t begin = 0;; begin += stride) {
+    spans.push_back({begin, std::min(begin + tile, size)});
+    if (begin + tile >= size) break;
+  }
+  return spans;
+}
+
+namespace {
+
+// Blend weights [n] (output pixels) for tile k of `spans`: a linear ramp up across the overlap with
+// the previous tile and down across the overlap with the next one.
+at::Tensor axis_weights(const std::vector<TileSpan>& spans, size_t k, int64_t num, int64_t den,
+                        const at::TensorOptions& options) {
+  const int64_t n = (spans[k].end - spans[k].begin) * num / den;
+  at::Tensor y = at::arange(n, options.dtype(at::kFloat));
+  at::Tensor w = at::ones({n}, options.dtype(at::kFloat));
+  if (k > 0) {
+    const int64_t e = (spans[k - 1].end - spans[k].begin) * num / den;
+    w = w * ((y + 1) / double(e + 1)).clamp_max(1.0);
+  }
+  if (k + 1 < spans.size()) {
+    const int64_t e = (spans[k].end - spans[k + 1].begin) * num / den;
+    w = w * ((n - y) / double(e + 1)).clamp_max(1.0);
+  }
+  return w;
+}
+
+int64_t scaled(int64_t v, int64_t num, int64_t den, const char* what) {
+  VIDIT_CHECK(v * num % den == 0, "tiling: ", what, " ", v, " times ", num, "/", den,
+              " is not a whole number of pixels: use tile and stride sizes that are multiples of ", den);
+  return v * num / den;
+}
+
+}  // namespace
+
+at::Tensor tiled_apply(const at::Tensor& x, int64_t tile, int64_t stride, int64_t num, int64_t den,
+                       const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  const int64_t H = x.size(-2), W = x.size(-1);
+  const auto rows = tile_spans(H, tile, stride), cols = tile_spans(W, tile, stride);
+  const int64_t Ho = scaled(H, num, den, "frame height"), Wo = scaled(W, num, den, "frame width");
+  at::Tensor out, weight_sum;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    at::Tensor wr = axis_weights(rows, i, num, den, x.options());
+    for (size_t j = 0; j < cols.size(); ++j) {
+      const TileSpan r = rows[i], c = cols[j];
+      at::Tensor y = fn(x.slice(-2, r.begin, r.end).slice(-1, c.begin, c.end));
+      const int64_t r0 = scaled(r.begin, num, den, "tile start"), r1 = scaled(r.end, num, den, "tile end");
+      const int64_t c0 = scaled(c.begin, num, den, "tile start"), c1 = scaled(c.end, num, den, "tile end");
+      VIDIT_CHECK(y.dim() >= 2 && y.size(-2) == r1 - r0 && y.size(-1) == c1 - c0, "tiling: a tile of ",
+                  r.end - r.begin, "x", c.end - c.begin, " gave an output of ", y.sizes(), ", expected ",
+                  r1 - r0, "x", c1 - c0, " on the last two dims");
+      if (!out.defined()) {
+        auto sizes = y.sizes().vec();
+        sizes[sizes.size() - 2] = Ho;
+        sizes[sizes.size() - 1] = Wo;
+        out = at::zeros(sizes, y.options());
+        weight_sum = at::zeros({Ho, Wo}, y.options().dtype(at::kFloat));
+      }
+      VIDIT_CHECK(y.sizes().slice(0, y.dim() - 2).equals(out.sizes().slice(0, out.dim() - 2)),
+                  "tiling: tiles gave different leading dims: ", y.sizes(), " vs ", out.sizes());
+      at::Tensor w = at::outer(wr, axis_weights(cols, j, num, den, x.options()));
+      out.slice(-2, r0, r1).slice(-1, c0, c1).add_(y * w.to(y.scalar_type()));
+      weight_sum.slice(0, r0, r1).slice(1, c0, c1).add_(w);
+    }
+  }
+  return out / weight_sum.to(out.scalar_type());
+}
+
+}  // namespace vidit

@@ -1,0 +1,33 @@
+// Spatial tiling: runs a function on overlapping tiles of a frame grid and blends the results
+// linearly where tiles overlap, so that large frames fit in memory. Used by the VAE for encode
+// (tiles of pixels -> tiles of latents, scale 1/8) and decode (latents -> pixels, scale 8).
+//
+// Along each of H and W, tiles of `tile` input pixels start every `stride` pixels until one
+// reaches the end (the last may be shorter). Output pixel weights ramp linearly across each
+// overlap (tile - stride input pixels, times the scale in output pixels): from the previous tile
+// to the next, (y+1)/(e+1) and its complement for an overlap of e output pixels; the output is
+// sum(w * tile) / sum(w), so weights always add to one. The blend hides seams; it does not make a
+// tiled run equal an untiled one when the function sees further than the overlap (the VAE does).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <vector>
+
+namespace vidit {
+
+struct TileSpan {
+  int64_t begin, end;  // [begin, end) along one axis, input pixels
+};
+
+// Tile spans along an axis of `size` pixels. Requires 0 < stride <= tile.
+std::vector<TileSpan> tile_spans(int64_t size, int64_t tile, int64_t stride);
+
+// Applies `fn` to x[..., h-tile, w-tile] for every tile of the last two dims of x and blends the
+// outputs. fn maps an input tile of (h, w) pixels to an output of (h * num / den, w * num / den)
+// pixels on its last two dims with the same leading dims for every tile (checked). Every tile
+// start and end times num/den must be an integer (checked). Throws vidit::Error otherwise.
+at::Tensor tiled_apply(const at::Tensor& x, int64_t tile, int64_t stride, int64_t num, int64_t den,
+                       const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+}  // namespace vidit

@@ -1,0 +1,314 @@
+#include "vae/wan_vae.h"
+
+#include <gtest/gtest.h>
+
+#include "../../tests/test_util.h"
+#include "core/error.h"
+#include "model/state_dict.h"
+#include "vae/tiling.h"
+
+namespace vidit {
+namespace {
+
+using test::ScratchDir;
+
+// The Wan 2.1 structure (4 stages, 2 residual blocks, time halved in the last two downsamplings,
+// 16 latent channels) at a width that runs in milliseconds.
+WanVAEConfig tiny_vae_config() {
+  WanVAEConfig c;
+  c.base_dim = 8;
+  return c;
+}
+
+// Random weights everywhere, also where the official init puts zeros (attention proj) or ones
+// (norm gammas), so every path carries signal. Weights ~ N(0, 1/fan_in) keep activations O(1).
+WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
+  torch::manual_seed(seed);
+  WanVAE vae(cfg);
+  at::NoGradGuard ng;
+  for (auto& item : vae->named_parameters()) {
+    at::Tensor p = item.value();
+    if (item.key().ends_with("gamma")) {
+      p.normal_(1.0, 0.2);
+    } else if (p.dim() > 1) {
+      p.normal_(0.0, 1.0 / std::sqrt(double(p.numel() / p.size(0))));
+    } else {
+      p.normal_(0.0, 0.1);
+    }
+  }
+  return vae;
+}
+
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());
+}
+
+VaeRunOptions whole_clip() {
+  VaeRunOptions o;
+  o.chunked = false;
+  return o;
+}
+
+TEST(WanVAE, ShapesOfEncodeAndDecode) {
+  WanVAE vae = random_vae(tiny_vae_config(), 1);
+  at::NoGradGuard ng;
+  for (int64_t T : {1, 5, 9}) {
+    at::Tensor video = at::rand({2, 3, T, 16, 24}) * 2 - 1;
+    VaeMoments m = vae->encode(video);
+    const std::vector<int64_t> latent = {2, 16, 1 + (T - 1) / 4, 2, 3};
+    EXPECT_EQ(m.mean.sizes(), latent) << "T=" << T;
+    EXPECT_EQ(m.logvar.sizes(), latent) << "T=" << T;
+    EXPECT_FALSE(at::allclose(m.mean, m.logvar));  // two different halves of the head
+    EXPECT_EQ(vae->decode(m.mean).sizes(), video.sizes()) << "T=" << T;
+    at::Tensor pixels = vae->decode_latents(vae->encode_latents(video));
+    EXPECT_EQ(pixels.sizes(), video.sizes());
+    EXPECT_LE(pixels.abs().max().item<double>(), 1.0);
+  }
+  try {
+    vae->encode(at::zeros({1, 3, 8, 16, 16}));
+    ADD_FAILURE() << "8 frames accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1 + 4k"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[1, 3, 8, 16, 16]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(vae->encode(at::zeros({1, 3, 5, 12, 16})), Error);  // 12 is not a multiple of 8
+  EXPECT_THROW(vae->decode(at::zeros({1, 4, 2, 2, 2})), Error);    // 4 latent channels, not 16
+}
+
+// Latent frame i covers input frames 4i-3..4i (frame 0 alone): changing later frames must not
+// change it, in either run mode; and decoded frames 4i-3..4i must not see latent frames > i.
+TEST(WanVAE, EncoderAndDecoderAreCausal) {
+  WanVAE vae = random_vae(tiny_vae_config(), 2);
+  at::NoGradGuard ng;
+  torch::manual_seed(20);
+  at::Tensor video = at::rand({1, 3, 9, 16, 16}) * 2 - 1;
+  for (const VaeRunOptions& opts : {VaeRunOptions{}, whole_clip()}) {
+    at::Tensor base = vae->encode(video, opts).mean;
+    for (int64_t from : {1, 5}) {  // first frame of latent 1, of latent 2
+      at::Tensor changed = video.clone();
+      changed.slice(2, from).uniform_(-1, 1);
+      at::Tensor m = vae->encode(changed, opts).mean;
+      const int64_t unaffected = from == 1 ? 1 : 2;
+      EXPECT_TRUE(at::allclose(m.slice(2, 0, unaffected), base.slice(2, 0, unaffected), 1e-6, 1e-6))
+          << "frames >= " << from << " changed earlier latents (chunked=" << opts.chunked << ")";
+      EXPECT_GT((m.slice(2, unaffected) - base.slice(2, unaffected)).abs().max().item<double>(), 1e-3)
+          << "later latents did not change: the test would not see a leak";
+    }
+    at::Tensor z = base.clone(), decoded = vae->decode(z, opts);
+    z.slice(2, 2).normal_();
+    at::Tensor d = vae->decode(z, opts);
+    EXPECT_TRUE(at::allclose(d.slice(2, 0, 5), decoded.slice(2, 0, 5), 1e-6, 1e-6)) << "chunked=" << opts.chunked;
+    EXPECT_GT((d.slice(2, 5) - decoded.slice(2, 5)).abs().max().item<double>(), 1e-3);
+  }
+}
+
+// The official chunked run (frame 0, then 4 frames at a time; one latent frame at a time to decode,
+// the causal cache carrying the frames between chunks) equals one pass over the whole clip.
+// 13 frames = 4 latent frames: the first, second and a steady-state chunk of every cached layer.
+TEST(WanVAE, ChunkedRunEqualsWholeClip) {
+  WanVAE vae = random_vae(tiny_vae_config(), 3);
+  at::NoGradGuard ng;
+  torch::manual_seed(30);
+  at::Tensor video = at::rand({2, 3, 13, 16, 16}) * 2 - 1;
+  VaeMoments chunked = vae->encode(video), whole = vae->encode(video, whole_clip());
+  EXPECT_LT(rel_diff(chunked.mean, whole.mean), 1e-5);
+  EXPECT_LT(rel_diff(chunked.logvar, whole.logvar), 1e-5);
+  EXPECT_GT(chunked.mean.abs().max().item<double>(), 1e-2);  // not trivially zero
+  at::Tensor z = at::randn({2, 16, 4, 2, 2});
+  at::Tensor dc = vae->decode(z), dw = vae->decode(z, whole_clip());
+  EXPECT_EQ(dc.size(2), 13);
+  EXPECT_LT(rel_diff(dc, dw), 1e-5);
+  // Without the cache (each chunk on its own, zero padding in front) the results differ: the
+  // comparison above does test the carried frames.
+  std::vector<at::Tensor> alone;
+  for (int64_t t = 0; t < 4; ++t) alone.push_back(vae->decode(z.slice(2, t, t + 1)));
+  EXPECT_GT(rel_diff(at::cat(alone, 2), dw), 1e-2);
+}
+
+// tiled_apply on a function that only sees its own 8x8 cell (average pooling) must reproduce the
+// untiled result exactly: the blend weights add to one and every tile lands where it belongs.
+TEST(WanVAE, TilingBlendIsExactForLocalFunctions) {
+  at::Tensor x = at::randn({2, 3, 40, 56});
+  auto pool = [](const at::Tensor& t) { return at::avg_pool2d(t, {8, 8}); };
+  for (auto [tile, stride] : std::vector<std::pair<int64_t, int64_t>>{{16, 8}, {24, 16}, {32, 24}, {16, 16}}) {
+    EXPECT_TRUE(at::allclose(tiled_apply(x, tile, stride, 1, 8, pool), pool(x), 1e-5, 1e-5))
+        << tile << "/" << stride;
+    auto up = [](const at::Tensor& t) { return at::upsample_nearest2d(t, {t.size(2) * 8, t.size(3) * 8}); };
+    at::Tensor small = x.slice(2, 0, 5).slice(3, 0, 7);
+    EXPECT_TRUE(at::allclose(tiled_apply(small, tile / 8, stride / 8, 8, 1, up), up(small), 1e-5, 1e-5));
+  }
+  std::vector<TileSpan> spans = tile_spans(40, 16, 8);
+  ASSERT_EQ(spans.size(), 4u);  // 0-16, 8-24, 16-32, 24-40: stops once a tile reaches the end
+  EXPECT_EQ(spans.back().begin, 24);
+  EXPECT_EQ(spans.back().end, 40);
+  EXPECT_THROW(tile_spans(40, 8, 16), Error);  // stride > tile leaves gaps
+}
+
+// Tiled encode/decode of a frame larger than the tile. The VAE sees far past a tile (its encoder's
+// receptive field spans ~100 pixels, and the middle attention the whole frame), so tiles are
+// approximations near and away from seams alike; what the test pins down is that tiling is used,
+// that it keeps shapes and lands every tile in place (a misplaced or unblended tile gives errors of
+// the order of the signal, > 0.5 relative RMS), and that with a tile covering the frame it is off.
+// Bound: relative RMS error < 0.35, measured ~0.1-0.2 with random weights at 8x8-latent tiles.
+TEST(WanVAE, TiledRunIsCloseToUntiled) {
+  WanVAE vae = random_vae(tiny_vae_config(), 4);
+  at::NoGradGuard ng;
+  torch::manual_seed(40);
+  // A smooth frame (as real video is): low-frequency content upsampled to 96x128.
+  at::Tensor video = at::upsample_bilinear2d(at::rand({5, 3, 6, 8}) * 2 - 1, {96, 128}, false)
+                         .view({1, 5, 3, 96, 128}).permute({0, 2, 1, 3, 4}).contiguous();
+  VaeRunOptions tiled;
+  tiled.tiling = {true, 64, 32};
+  at::Tensor ref = vae->encode(video).mean, got = vae->encode(video, tiled).mean;
+  ASSERT_EQ(got.sizes(), ref.sizes());
+  auto rel_rms = [](const at::Tensor& a, const at::Tensor& b) {
+    return ((a - b).pow(2).mean() / b.pow(2).mean()).sqrt().item<double>();
+  };
+  const double enc_err = rel_rms(got, ref);
+  EXPECT_GT(enc_err, 0.0);  // tiles were really used
+  EXPECT_LT(enc_err, 0.35);
+  at::Tensor dec_ref = vae->decode(ref), dec_got = vae->decode(ref, tiled);
+  ASSERT_EQ(dec_got.sizes(), dec_ref.sizes());
+  const double dec_err = rel_rms(dec_got, dec_ref);
+  EXPECT_GT(dec_err, 0.0);
+  EXPECT_LT(dec_err, 0.35);
+  VaeRunOptions big_tile;
+  big_tile.tiling = {true, 128, 64};
+  EXPECT_TRUE(at::equal(vae->encode(video, big_tile).mean, ref));
+  VaeRunOptions odd;
+  odd.tiling = {true, 60, 30};
+  EXPECT_THROW(vae->encode(video, odd), Error);
+}
+
+// Facts checked against the official model (wan/modules/vae.py, WanVAE_(dim=96, z_dim=16,
+// dim_mult=[1,2,4,4], num_res_blocks=2, temperal_downsample=[False,True,True])): 194 tensors,
+// 126,892,531 parameters (the Wan report's "127M"), and these names and shapes.
+TEST(WanVAE, OfficialKeyNamesShapesAndParameterCount) {
+  WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(at::kMeta));
+  TensorMap sd = state_dict(*vae);
+  EXPECT_EQ(sd.size(), 194u);
+  int64_t total = 0;
+  for (const auto& [k, v] : sd) total += v.numel();
+  EXPECT_EQ(total, 126892531);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"encoder.conv1.weight", {96, 3, 3, 3, 3}},
+      {"encoder.conv1.bias", {96}},
+      {"encoder.downsamples.0.residual.0.gamma", {96, 1, 1, 1}},
+      {"encoder.downsamples.0.residual.2.weight", {96, 96, 3, 3, 3}},
+      {"encoder.downsamples.0.residual.3.gamma", {96, 1, 1, 1}},
+      {"encoder.downsamples.0.residual.6.bias", {96}},
+      {"encoder.downsamples.2.resample.1.weight", {96, 96, 3, 3}},
+      {"encoder.downsamples.3.shortcut.weight", {192, 96, 1, 1, 1}},
+      {"encoder.downsamples.5.time_conv.weight", {192, 192, 3, 1, 1}},
+      {"encoder.downsamples.8.time_conv.weight", {384, 384, 3, 1, 1}},
+      {"encoder.middle.1.norm.gamma", {384, 1, 1}},
+      {"encoder.middle.1.to_qkv.weight", {1152, 384, 1, 1}},
+      {"encoder.middle.1.proj.bias", {384}},
+      {"encoder.head.0.gamma", {384, 1, 1, 1}},
+      {"encoder.head.2.weight", {32, 384, 3, 3, 3}},
+      {"conv1.weight", {32, 32, 1, 1, 1}},
+      {"conv2.weight", {16, 16, 1, 1, 1}},
+      {"decoder.conv1.weight", {384, 16, 3, 3, 3}},
+      {"decoder.middle.2.residual.6.weight", {384, 384, 3, 3, 3}},
+      {"decoder.upsamples.3.time_conv.weight", {768, 384, 3, 1, 1}},
+      {"decoder.upsamples.3.resample.1.weight", {192, 384, 3, 3}},
+      {"decoder.upsamples.4.shortcut.weight", {384, 192, 1, 1, 1}},
+      {"decoder.upsamples.7.time_conv.bias", {768}},
+      {"decoder.upsamples.11.resample.1.weight", {96, 192, 3, 3}},
+      {"decoder.upsamples.12.residual.0.gamma", {96, 1, 1, 1}},
+      {"decoder.upsamples.14.residual.6.weight", {96, 96, 3, 3, 3}},
+      {"decoder.head.0.gamma", {96, 1, 1, 1}},
+      {"decoder.head.2.weight", {3, 96, 3, 3, 3}},
+  };
+  for (const auto& [key, shape] : expected) {
+    ASSERT_TRUE(sd.count(key)) << key;
+    EXPECT_EQ(sd.at(key).sizes(), shape) << key;
+  }
+  // Stages without a temporal step have no time_conv; the decoder has 15 upsample layers.
+  EXPECT_FALSE(sd.count("encoder.downsamples.2.time_conv.weight"));
+  EXPECT_FALSE(sd.count("decoder.upsamples.11.time_conv.weight"));
+  EXPECT_TRUE(sd.count("decoder.upsamples.14.residual.0.gamma"));
+  EXPECT_FALSE(sd.count("decoder.upsamples.15.residual.0.gamma"));
+}
+
+TEST(WanVAE, LoadsSafetensorsStrictly) {
+  ScratchDir dir("wan_vae");
+  WanVAE src = random_vae(tiny_vae_config(), 5);
+  save_safetensors(dir / "vae.safetensors", state_dict(*src));
+  WanVAE dst = random_vae(tiny_vae_config(), 6);
+  load_wan_vae(*dst, dir / "vae.safetensors");
+  at::NoGradGuard ng;
+  at::Tensor video = at::rand({1, 3, 5, 16, 16});
+  EXPECT_TRUE(at::equal(dst->encode(video).mean, src->encode(video).mean));
+
+  const TensorMap good = state_dict(*src);
+  auto expect_error = [&](TensorMap sd, const std::string& needle) {
+    try {
+      load_wan_vae(*dst, sd, "Wan2.1_VAE.safetensors");
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Wan2.1_VAE.safetensors"), std::string::npos) << e.what();
+    }
+  };
+  TensorMap missing = good;
+  missing.erase("decoder.upsamples.3.time_conv.weight");
+  expect_error(missing, "missing key(s): decoder.upsamples.3.time_conv.weight");
+  TensorMap extra = good;
+  extra["encoder.downsamples.2.time_conv.weight"] = at::zeros({8, 8, 3, 1, 1});
+  expect_error(extra, "unexpected key(s): encoder.downsamples.2.time_conv.weight");
+  TensorMap bad = good;
+  bad["encoder.middle.1.norm.gamma"] = at::ones({32, 1, 1, 1});
+  expect_error(bad, "mis-shaped key(s): encoder.middle.1.norm.gamma");
+  TensorMap diffusers = good;
+  diffusers["quant_conv.weight"] = at::zeros({32, 32, 1, 1, 1});
+  expect_error(diffusers, "AutoencoderKLWan");
+  // Nothing was written by the failed loads.
+  EXPECT_TRUE(at::equal(dst->encode(video).mean, src->encode(video).mean));
+}
+
+TEST(WanVAE, LatentNormalisationUsesOfficialStatistics) {
+  WanVAE vae(tiny_vae_config());
+  at::Tensor mean = at::tensor(std::vector<float>(kWan21LatentMean.begin(), kWan21LatentMean.end())).view({1, 16, 1, 1, 1});
+  at::Tensor std = at::tensor(std::vector<float>(kWan21LatentStd.begin(), kWan21LatentStd.end())).view({1, 16, 1, 1, 1});
+  EXPECT_FLOAT_EQ(kWan21LatentMean[0], -0.7571f);
+  EXPECT_FLOAT_EQ(kWan21LatentMean[7], 1.5508f);
+  EXPECT_FLOAT_EQ(kWan21LatentStd[8], 3.2687f);
+  EXPECT_FLOAT_EQ(kWan21LatentStd[15], 1.9160f);
+  EXPECT_TRUE(at::allclose(vae->normalize_latents(mean), at::zeros_like(mean), 0, 1e-6));
+  EXPECT_TRUE(at::allclose(vae->normalize_latents(mean + std), at::ones_like(mean), 1e-6, 1e-6));
+  at::Tensor z = at::randn({2, 16, 3, 2, 2});
+  EXPECT_TRUE(at::allclose(vae->normalize_latents(vae->denormalize_latents(z)), z, 1e-5, 1e-5));
+  at::NoGradGuard ng;
+  EXPECT_TRUE(at::allclose(vae->decode_latents(z), vae->decode(z * std + mean).clamp(-1, 1), 1e-5, 1e-5));
+  WanVAEConfig bad = tiny_vae_config();
+  bad.z_dim = 4;  // statistics for 16 channels
+  EXPECT_THROW(WanVAE{bad}, Error);
+}
+
+
+// TEMPORARY (removed before hand-off): compares with the official Python module.
+TEST(WanVAE, TmpGoldenAgainstOfficial) {
+  const char* dir = std::getenv("VIDIT_WAN_VAE_GOLDEN");
+  if (!dir) GTEST_SKIP();
+  WanVAE vae(tiny_vae_config());
+  load_wan_vae(*vae, std::string(dir) + "/weights.safetensors");
+  TensorMap g = load_safetensors(std::string(dir) + "/golden.safetensors");
+  at::NoGradGuard ng;
+  for (bool chunked : {true, false}) {
+    VaeRunOptions o;
+    o.chunked = chunked;
+    VaeMoments m = vae->encode(g.at("video"), o);
+    std::printf("chunked=%d mu %.3g logvar %.3g dec %.3g mu_n %.3g dec_n %.3g\n", int(chunked),
+                rel_diff(m.mean, g.at("mu")), rel_diff(m.logvar, g.at("logvar")),
+                rel_diff(vae->decode(g.at("z"), o), g.at("dec")),
+                rel_diff(vae->encode_latents(g.at("video"), o), g.at("mu_n")),
+                rel_diff(vae->decode_latents(g.at("z"), o), g.at("dec_n")));
+    EXPECT_LT(rel_diff(m.mean, g.at("mu")), 1e-5);
+    EXPECT_LT(rel_diff(m.logvar, g.at("logvar")), 1e-5);
+    EXPECT_LT(rel_diff(vae->decode(g.at("z"), o), g.at("dec")), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace vidit

@@ -9,9 +9,11 @@
 //   cli+rgb   ffmpeg -threads N -i FILE -pix_fmt rgb24 -f null -   decode + the same libswscale
 //             conversion to RGB24 (no copy out)
 // The CLI's times include starting the process (exec + loading FFmpeg's shared libraries); that
-// start-up, timed as `ffmpeg -version`, is printed and also subtracted in the `-start` columns.
-// Ratios are frames/s ours over frames/s CLI (goal >= 0.95 against the same work, cli+rgb).
+// start-up, timed as `ffmpeg -version`, is printed and also subtracted in the `-start` column.
+// Ratios are frames/s ours over frames/s CLI (goal >= 0.95), by wall time and by CPU time (user +
+// system, from getrusage; steadier than wall time on a machine shared with other work).
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,16 +65,24 @@ std::string encoder_args(const std::string& codec) {
   return "";
 }
 
-// Best wall time of `repeat` runs of fn.
+// CPU seconds (user + system) used so far by this process, or by its finished children.
+double cpu_s(int who) {
+  rusage u{};
+  getrusage(who, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// Wall and CPU time of one call of fn; CPU time counted for `who` (RUSAGE_SELF: our decoder and
+// its threads; RUSAGE_CHILDREN: the ffmpeg processes fn runs).
+struct Cost {
+  double wall = 1e30, cpu = 1e30;
+};
 template <typename Fn>
-double best_of(int repeat, Fn fn) {
-  double best = 1e30;
-  for (int r = 0; r < repeat; ++r) {
-    const double t0 = now_s();
-    fn();
-    best = std::min(best, now_s() - t0);
-  }
-  return best;
+void measure(Cost& best, int who, Fn fn) {
+  const double c0 = cpu_s(who), t0 = now_s();
+  fn();
+  best.wall = std::min(best.wall, now_s() - t0);
+  best.cpu = std::min(best.cpu, cpu_s(who) - c0);
 }
 
 }  // namespace
@@ -97,14 +107,20 @@ int main(int argc, char** argv) {
     fs::create_directories(dir);
 
     const std::string cli = "ffmpeg -hide_banner -nostdin -loglevel error -threads " + std::to_string(threads);
-    const double start_up = best_of(repeat, [] { run("ffmpeg -hide_banner -version >/dev/null 2>&1"); });
+    Cost start_up;
+    for (int r = 0; r < repeat; ++r)
+      measure(start_up, RUSAGE_CHILDREN, [] { run("ffmpeg -hide_banner -version >/dev/null 2>&1"); });
 
-    std::printf("bench_decode: %s, %d frames, threads %d, best of %d; ffmpeg process start-up %.1f ms\n",
-                size.c_str(), frames, threads, repeat, start_up * 1e3);
-    std::printf("ours = decode_video incl. RGB24 conversion and copy-out; cli = `-f null -` (no RGB); "
-                "cli+rgb = `-pix_fmt rgb24 -f null -`\n");
-    std::printf("%-5s %10s %10s %10s %9s %13s %9s %13s\n", "codec", "ours f/s", "cli f/s",
-                "cli+rgb f/s", "ours/cli", "ours/cli-start", "ours/cli+rgb", "ours/cli+rgb-start");
+    std::printf("bench_decode: %s, %d frames, threads %d, best of %d; ffmpeg process start-up "
+                "(`ffmpeg -version`) %.1f ms wall, %.1f ms CPU\n",
+                size.c_str(), frames, threads, repeat, start_up.wall * 1e3, start_up.cpu * 1e3);
+    std::printf("ours = decode_video, INCLUDING the RGB24 conversion and the copy into the returned "
+                "tensor; cli = `-f null -`, which converts nothing to RGB; cli+rgb = `-pix_fmt "
+                "rgb24 -f null -`, the same libswscale conversion as ours\n");
+    std::printf("ratios are frames/s ours / frames/s CLI; -start: the CLI's process start-up "
+                "subtracted; cpu: user+system CPU seconds instead of wall time\n");
+    std::printf("%-5s %8s %8s %8s | %8s %8s %14s | %8s %8s\n", "codec", "ours", "cli", "cli+rgb",
+                "/cli", "/cli+rgb", "/cli+rgb-start", "cpu /cli", "/cli+rgb");
     std::stringstream list(codecs);
     for (std::string codec; std::getline(list, codec, ',');) {
       const std::string args = encoder_args(codec);
@@ -114,24 +130,32 @@ int main(int argc, char** argv) {
       }
       const std::string file = dir + "/" + codec + "_" + size + "_" + std::to_string(frames) +
                                (codec == "vp9" ? ".webm" : codec == "av1" ? ".mkv" : ".mp4");
+      const std::string encode = "ffmpeg -hide_banner -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" +
+                                 size + ":rate=25 -frames:v " + std::to_string(frames) + " " + args + " " +
+                                 quote(file);
+      // (stderr hidden: libsvtav1 prints its banner whatever the log level)
       if (!fs::exists(file))
-        VIDIT_CHECK(run("ffmpeg -hide_banner -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + size +
-                        ":rate=25 -frames:v " + std::to_string(frames) + " " + args + " " + quote(file)),
-                    "bench_decode: encoding ", file, " failed");
+        VIDIT_CHECK(run(encode + " 2>/dev/null"), "bench_decode: encoding failed; run it to see why: ", encode);
 
       DecodeOptions o;
       o.device = DecodeDevice::kCpu;
       o.threads = threads;
-      int64_t got = 0;
-      decode_video(file, o);  // warm the page cache and the allocator
-      const double ours = best_of(repeat, [&] { got = decode_video(file, o).frames.size(0); });
+      int64_t got = decode_video(file, o).frames.size(0);  // warm the page cache and allocator
       VIDIT_CHECK(got == frames, "bench_decode: decoded ", got, " frames of ", file, ", expected ", frames);
-      const double plain = best_of(repeat, [&] { run(cli + " -i " + quote(file) + " -f null -"); });
-      const double rgb = best_of(repeat, [&] { run(cli + " -i " + quote(file) + " -pix_fmt rgb24 -f null -"); });
+      // Interleaved (ours, cli, cli+rgb) rounds, best of each: load from other processes on the
+      // machine then affects all three alike.
+      Cost ours, plain, rgb;
+      for (int r = 0; r < repeat; ++r) {
+        measure(ours, RUSAGE_SELF, [&] { decode_video(file, o); });
+        measure(plain, RUSAGE_CHILDREN, [&] { run(cli + " -i " + quote(file) + " -f null -"); });
+        measure(rgb, RUSAGE_CHILDREN,
+                [&] { run(cli + " -i " + quote(file) + " -pix_fmt rgb24 -f null -"); });
+      }
       const auto fps = [&](double s) { return frames / std::max(s, 1e-9); };
-      std::printf("%-5s %10.0f %10.0f %10.0f %9.2f %13.2f %9.2f %13.2f\n", codec.c_str(), fps(ours),
-                  fps(plain), fps(rgb), fps(ours) / fps(plain), fps(ours) / fps(plain - start_up),
-                  fps(ours) / fps(rgb), fps(ours) / fps(rgb - start_up));
+      std::printf("%-5s %8.0f %8.0f %8.0f | %8.2f %8.2f %14.2f | %8.2f %8.2f\n", codec.c_str(),
+                  fps(ours.wall), fps(plain.wall), fps(rgb.wall), plain.wall / ours.wall,
+                  rgb.wall / ours.wall, (rgb.wall - start_up.wall) / ours.wall,
+                  plain.cpu / ours.cpu, rgb.cpu / ours.cpu);
       std::fflush(stdout);
     }
     if (temp) fs::remove_all(dir);

@@ -72,8 +72,8 @@ struct DiffusionConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 7000;           // optimizer steps
-  int64_t batch_size = 16;        // samples per micro-batch
+  int64_t steps = 10000;          // optimizer steps
+  int64_t batch_size = 12;        // samples per micro-batch
   int64_t grad_accum = 1;         // micro-batches per optimizer step
   double lr = 2e-3;               // peak learning rate
   double min_lr_ratio = 0.1;      // cosine floor as a fraction of lr

@@ -15,8 +15,10 @@
 namespace vidit {
 
 struct MicroBatch {
-  at::Tensor latents;  // [B, C, T, H, W] fp32 clean latents (B may be 0 for an idle rank)
-  at::Tensor texts;    // [B, Lt, D] fp32
+  at::Tensor latents;     // [B, C, T, H, W] clean latents, or the posterior mean when latent_std is set
+                          // (B may be 0 for an idle rank)
+  at::Tensor latent_std;  // undefined, or [B, C, T, H, W]: the trainer draws latents + std * noise
+  at::Tensor texts;       // [B, Lt, D] fp32
 };
 
 class BatchSource {
@@ -34,7 +36,7 @@ class EpochBatchSource : public BatchSource {
       : data_(std::move(data)), sampler_(data_->size(), seed) {}
   MicroBatch next(int64_t batch_size) override {
     auto [x, t] = data_->batch(sampler_.next(batch_size));
-    return {x, t};
+    return {x, at::Tensor(), t};
   }
   SamplerState state() const override { return sampler_.state(); }
   void set_state(const SamplerState& s) override { sampler_.set_state(s); }

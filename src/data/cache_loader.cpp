@@ -1,24 +1,10 @@
 #include "data/cache_loader.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <cstdio>
 
 #include "core/error.h"
 
 namespace vidit {
-namespace {
-
-uint64_t noise_seed(uint64_t seed, const BucketSamplerState& s, int rank) {
-  uint64_t x = seed ^ 0x243F6A8885A308D3ull;
-  for (uint64_t v : {uint64_t(s.epoch), uint64_t(s.consumed), uint64_t(rank)}) {
-    x = (x ^ v) * 0x100000001B3ull;
-    x ^= x >> 29;
-  }
-  return x;
-}
-
-}  // namespace
 
 CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank, int world, bool pin)
     : cache_(std::move(cache)), cfg_(cfg), rank_(rank), pin_(pin) {
@@ -88,17 +74,16 @@ void CacheLoader::work() {
 
 MicroBatch CacheLoader::assemble(const Job& job) {
   const auto& m = cfg_.model;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_.train.seed, job.before, rank_));
-  std::vector<at::Tensor> lat, txt;
+  std::vector<at::Tensor> lat, spread, txt;
   for (int64_t i : job.indices) {
     try {
       LatentCache::Loaded s = cache_->load(i, /*verify=*/true);
-      at::Tensor mean = s.mean.to(at::kFloat), std = s.std.to(at::kFloat);
-      lat.push_back(mean + std * at::randn(mean.sizes(), gen, at::kFloat));
       at::Tensor t = s.text.to(at::kFloat);
       VIDIT_CHECK(t.dim() == 2 && t.size(1) == m.text_dim && t.size(0) <= m.text_len, "sample '", cache_->entry(i).key,
                   "': text embedding of shape ", t.sizes(), " does not fit [", m.text_len, ", ", m.text_dim, "]");
       if (t.size(0) < m.text_len) t = at::cat({t, at::zeros({m.text_len - t.size(0), m.text_dim})});
+      lat.push_back(s.mean);
+      spread.push_back(s.std);
       txt.push_back(t);
     } catch (const Error& e) {
       std::fprintf(stderr, "[loader] skipping a sample: %s\n", e.what());
@@ -108,10 +93,11 @@ MicroBatch CacheLoader::assemble(const Job& job) {
   }
   if (lat.empty()) {
     const auto& sh = job.indices.empty() ? std::vector<int64_t>{m.in_channels, 1, 1, 1} : cache_->entry(job.indices[0]).shape;
-    return {at::zeros({0, sh[0], sh[1], sh[2], sh[3]}), at::zeros({0, m.text_len, m.text_dim})};
+    at::Tensor empty = at::zeros({0, sh[0], sh[1], sh[2], sh[3]});
+    return {empty, empty, at::zeros({0, m.text_len, m.text_dim})};
   }
-  MicroBatch b{at::stack(lat), at::stack(txt)};
-  if (pin_) b.latents = b.latents.pin_memory(), b.texts = b.texts.pin_memory();
+  MicroBatch b{at::stack(lat), at::stack(spread), at::stack(txt)};
+  if (pin_) b.latents = b.latents.pin_memory(), b.latent_std = b.latent_std.pin_memory(), b.texts = b.texts.pin_memory();
   return b;
 }
 

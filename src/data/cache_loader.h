@@ -1,10 +1,11 @@
 // Training batches from the latent cache.
 //
 // The bucket sampler (bucket_sampler.h) decides each step's sample indices for this rank; loader
-// threads read those samples from the memory-mapped shards, verify their checksums, draw the
-// latent by reparameterisation (mean + std * noise, the noise seeded by (seed, epoch, position,
-// rank) so a resumed run draws the same latents), pad text to model.text_len, stack, and copy
-// into pinned memory when a GPU is present. Up to data.prefetch batches are prepared ahead by
+// threads read those samples from the memory-mapped shards, verify their checksums, pad text to
+// model.text_len, stack mean and std (in the cache's storage type, bf16 by default, so half the
+// bytes travel) and copy into pinned memory when a GPU is present. The trainer draws the latent
+// by reparameterisation, mean + std * noise, with its own checkpointed generator (so a resumed
+// run draws the same latents). Up to data.prefetch batches are prepared ahead by
 // data.loader_threads threads; next() hands them out in order.
 //
 // A sample that fails its checksum or cannot be read is skipped (the batch is one smaller) and

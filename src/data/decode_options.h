@@ -19,7 +19,9 @@ namespace vidit {
 // Where frames are decoded. Pixels are always returned in host memory.
 enum class DecodeDevice {
   kAuto,   // NVDEC when a CUDA driver, a GPU and an NVDEC decoder for the codec exist; otherwise
-           // software. The first fallback in a process logs one line to stderr saying why.
+           // software. When no CUDA device opens (or NVDEC fails mid-stream, which is then
+           // decoded again in software), the first time in a process logs one line to stderr
+           // saying why; codecs without an NVDEC decoder go to software silently.
   kCpu,    // software (libavcodec), multi-threaded; bit-exact with the ffmpeg CLI
   kNvdec,  // NVDEC through FFmpeg's `cuda` hwaccel, or vidit::Error saying why it is unavailable
 };

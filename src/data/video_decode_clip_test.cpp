@@ -87,7 +87,8 @@ std::string av1_encoder() {
 // exact time, or half a frame before it) has exactly the frames i, i+1, ... of the whole file
 // (what the CLI's `select` gives for those indices). Starts cover key frames, the frames just
 // before and after them, HEVC's open-GOP leading pictures and VP9's hidden alt-ref frames (GOP of
-// 10 with B-frames), and the last frame.
+// 10 with B-frames), and the last frame; containers with an index (MP4, Matroska, WebM) and
+// without (MPEG-TS).
 //
 // `ffmpeg -ss T -i F` itself is not always frame-exact: in an open-GOP HEVC MP4 it seeks to the
 // CRA key frame whose decode time is before T and so drops the leading pictures displayed before
@@ -99,6 +100,9 @@ TEST_F(VideoDecodeClip, SeeksFrameExactlyInEveryCodec) {
   std::vector<CodecCase> cases = {
       {"h264.mp4", "-c:v libx264 -pix_fmt yuv420p -g 10 -bf 3", 64, 48},
       {"h264_portrait.mp4", "-c:v libx264 -pix_fmt yuv420p -g 10 -bf 2", 48, 64},
+      // MPEG-TS: no index (seeking bisects timestamps) and a start time of 1.4 s, from which
+      // clip times count.
+      {"h264.ts", "-c:v libx264 -pix_fmt yuv420p -g 10 -bf 3", 64, 48},
       {"hevc.mp4",
        "-c:v libx265 -pix_fmt yuv420p -x265-params log-level=error:keyint=10:bframes=3", 64, 48},
       {"hevc_10bit.mkv",
@@ -131,6 +135,8 @@ TEST_F(VideoDecodeClip, SeeksFrameExactlyInEveryCodec) {
       o.end_seconds = (i + n) / fps;
       const DecodedVideo clip = decode_video(p.string(), o);
       EXPECT_TRUE(same_frames(clip.frames, all.frames.narrow(0, i, n)));
+      // It seeked: decoding started at most about two GOPs (of 10) before the start.
+      EXPECT_LE(clip.frames_decoded, n + 22) << "decoded " << clip.frames_decoded;
       ASSERT_EQ(clip.timestamps.size(), static_cast<size_t>(clip.frames.size(0)));
       if (!clip.timestamps.empty()) {
         EXPECT_NEAR(clip.timestamps[0], i / fps, 1e-9);
@@ -183,15 +189,17 @@ TEST_F(VideoDecodeClip, ResamplesLikeTheFpsFilterWithRoundUp) {
   struct Case {
     double fps, start;
     std::vector<int> want;  // frame i is on screen during [i/10, (i+1)/10)
+    double first_time;      // of the first output frame
   };
   const std::vector<Case> cases = {
-      {20, 0, {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9}},
-      {7, 0, {0, 1, 2, 4, 5, 7, 8}},
-      {3, 0, {0, 3, 6}},
-      {4, 0, {0, 2, 5, 7}},
-      {4, 0.35, {6, 8}},  // kept frames 4..9 (0.4 s on); slots 0.35 + k/4 from k = 1
+      {20, 0, {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9}, 0},
+      {7, 0, {0, 1, 2, 4, 5, 7, 8}, 0},
+      {3, 0, {0, 3, 6}, 0},
+      {4, 0, {0, 2, 5, 7}, 0},
+      {4, 0.35, {6, 8}, 0.6},  // kept frames 4..9 (0.4 s on); slots 0.35 + k/4 from k = 1
       // NTSC rate from 0.2 s: frames 2..9, slots 0.2 + k * 1001/30000 s for k < ceil(0.8 * 29.97)
-      {30000.0 / 1001, 0.2, {2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6, 6, 7, 7, 7, 8, 8, 8, 9, 9, 9}},
+      {30000.0 / 1001, 0.2, {2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6, 6, 7, 7, 7, 8, 8, 8, 9, 9, 9},
+       0.2},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("fps " + std::to_string(c.fps) + " start " + std::to_string(c.start));
@@ -207,6 +215,7 @@ TEST_F(VideoDecodeClip, ResamplesLikeTheFpsFilterWithRoundUp) {
     EXPECT_TRUE(same_frames(v.frames, cli_frames(p, 32, 32, ss, filter)));
     // The grid's times: the first kept frame's slot on, 1/fps apart.
     ASSERT_EQ(v.timestamps.size(), c.want.size());
+    EXPECT_NEAR(v.timestamps[0], c.first_time, 1e-9);
     for (size_t k = 1; k < v.timestamps.size(); ++k)
       EXPECT_NEAR(v.timestamps[k] - v.timestamps[k - 1], 1 / c.fps, 1e-9);
   }
@@ -254,6 +263,9 @@ TEST_F(VideoDecodeClip, VariableFrameRate) {
     const DecodedVideo r = decode_video(p.string(), o);
     EXPECT_EQ(source_indices(r.frames, all.frames),
               (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 17}));
+    ASSERT_EQ(r.timestamps.size(), 14u);
+    for (int k = 0; k < 14; ++k) EXPECT_NEAR(r.timestamps[k], k * 0.1, 1e-9) << k;
+    EXPECT_EQ(r.frames_decoded, 20);  // every source frame decoded once, whatever is dropped
     EXPECT_TRUE(same_frames(r.frames, cli_frames(p, 32, 32, "", "-t 1.4 -vf fps=10:round=up")));
   }
 }

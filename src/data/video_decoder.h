@@ -55,6 +55,9 @@ struct DecodedVideo {
   // Presentation time of each frame in seconds from the start of the file (the time `-ss`
   // counts from); with target_fps, the output grid's times. Size T.
   std::vector<double> timestamps;
+  // Pictures the decoder produced for this call, including those before the clip start that
+  // seeking cannot skip (back to the key frame) and those resampling drops: the decode cost.
+  int64_t frames_decoded = 0;
 };
 
 // False in builds without FFmpeg, where decode_video always throws.

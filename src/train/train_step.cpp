@@ -22,8 +22,10 @@ StepResult Trainer::step() {
     // emptied by unreadable samples is replaced by the next one).
     MicroBatch mb = data_->next(tc.batch_size);
     while (mb.latents.size(0) == 0) mb = data_->next(tc.batch_size);
-    at::Tensor x0 = mb.latents, text = mb.texts;
+    at::Tensor x0 = mb.latents.to(at::kFloat), text = mb.texts;
     const int64_t B = x0.size(0);
+    // Cached VAE posteriors: draw the latent, mean + std * noise.
+    if (mb.latent_std.defined()) x0 = x0 + mb.latent_std.to(at::kFloat) * at::randn(x0.sizes(), gen_, at::kFloat);
     samples += B;
     tokens += B * (x0.size(2) / cfg_.model.patch[0]) * (x0.size(3) / cfg_.model.patch[1]) *
               (x0.size(4) / cfg_.model.patch[2]);

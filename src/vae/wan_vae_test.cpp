@@ -43,13 +43,27 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());
 }
 
+// The tensors here are tiny: extra threads only add overhead (and on a loaded 2-core machine
+// spin-waiting costs 10x), so every test runs single-threaded and restores the setting after.
+class WanVAETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    threads_ = at::get_num_threads();
+    at::set_num_threads(1);
+  }
+  void TearDown() override { at::set_num_threads(threads_); }
+
+ private:
+  int threads_ = 1;
+};
+
 VaeRunOptions whole_clip() {
   VaeRunOptions o;
   o.chunked = false;
   return o;
 }
 
-TEST(WanVAE, ShapesOfEncodeAndDecode) {
+TEST_F(WanVAETest, ShapesOfEncodeAndDecode) {
   WanVAE vae = random_vae(tiny_vae_config(), 1);
   at::NoGradGuard ng;
   for (int64_t T : {1, 5, 9}) {
@@ -77,7 +91,7 @@ TEST(WanVAE, ShapesOfEncodeAndDecode) {
 
 // Latent frame i covers input frames 4i-3..4i (frame 0 alone): changing later frames must not
 // change it, in either run mode; and decoded frames 4i-3..4i must not see latent frames > i.
-TEST(WanVAE, EncoderAndDecoderAreCausal) {
+TEST_F(WanVAETest, EncoderAndDecoderAreCausal) {
   WanVAE vae = random_vae(tiny_vae_config(), 2);
   at::NoGradGuard ng;
   torch::manual_seed(20);
@@ -105,7 +119,7 @@ TEST(WanVAE, EncoderAndDecoderAreCausal) {
 // The official chunked run (frame 0, then 4 frames at a time; one latent frame at a time to decode,
 // the causal cache carrying the frames between chunks) equals one pass over the whole clip.
 // 13 frames = 4 latent frames: the first, second and a steady-state chunk of every cached layer.
-TEST(WanVAE, ChunkedRunEqualsWholeClip) {
+TEST_F(WanVAETest, ChunkedRunEqualsWholeClip) {
   WanVAE vae = random_vae(tiny_vae_config(), 3);
   at::NoGradGuard ng;
   torch::manual_seed(30);
@@ -118,16 +132,19 @@ TEST(WanVAE, ChunkedRunEqualsWholeClip) {
   at::Tensor dc = vae->decode(z), dw = vae->decode(z, whole_clip());
   EXPECT_EQ(dc.size(2), 13);
   EXPECT_LT(rel_diff(dc, dw), 1e-5);
-  // Without the cache (each chunk on its own, zero padding in front) the results differ: the
-  // comparison above does test the carried frames.
-  std::vector<at::Tensor> alone;
-  for (int64_t t = 0; t < 4; ++t) alone.push_back(vae->decode(z.slice(2, t, t + 1)));
-  EXPECT_GT(rel_diff(at::cat(alone, 2), dw), 1e-2);
+  // In a chunked run the only path from one chunk to the next is the cache: later chunks must see
+  // a change confined to the first chunk (frame 0; latent frame 0), or nothing was carried.
+  at::Tensor video2 = video.clone();
+  video2.slice(2, 0, 1).uniform_(-1, 1);
+  EXPECT_GT(rel_diff(vae->encode(video2).mean.slice(2, 1), chunked.mean.slice(2, 1)), 1e-3);
+  at::Tensor z2 = z.clone();
+  z2.slice(2, 0, 1).normal_();
+  EXPECT_GT(rel_diff(vae->decode(z2).slice(2, 1), dc.slice(2, 1)), 1e-3);
 }
 
 // tiled_apply on a function that only sees its own 8x8 cell (average pooling) must reproduce the
 // untiled result exactly: the blend weights add to one and every tile lands where it belongs.
-TEST(WanVAE, TilingBlendIsExactForLocalFunctions) {
+TEST_F(WanVAETest, TilingBlendIsExactForLocalFunctions) {
   at::Tensor x = at::randn({2, 3, 40, 56});
   auto pool = [](const at::Tensor& t) { return at::avg_pool2d(t, {8, 8}); };
   for (auto [tile, stride] : std::vector<std::pair<int64_t, int64_t>>{{16, 8}, {24, 16}, {32, 24}, {16, 16}}) {
@@ -137,6 +154,16 @@ TEST(WanVAE, TilingBlendIsExactForLocalFunctions) {
     at::Tensor small = x.slice(2, 0, 5).slice(3, 0, 7);
     EXPECT_TRUE(at::allclose(tiled_apply(small, tile / 8, stride / 8, 8, 1, up), up(small), 1e-5, 1e-5));
   }
+  // The blend itself: tiles returning constants 0, 1, 2, 3 (in call order) along a 40-pixel row of
+  // 16-pixel tiles every 8 give 0, then linear ramps (y+1)/9 across each 8-pixel overlap, then 3.
+  int calls = 0;
+  at::Tensor ramp = tiled_apply(at::zeros({1, 1, 8, 40}), 16, 8, 1, 1,
+                                [&](const at::Tensor& t) { return at::full_like(t, double(calls++)); });
+  EXPECT_EQ(calls, 4);
+  for (int64_t c = 0; c < 40; ++c) {
+    const double want = c < 8 ? 0.0 : c >= 32 ? 3.0 : double(c / 8 - 1) + double(c % 8 + 1) / 9.0;
+    EXPECT_NEAR(ramp[0][0][3][c].item<double>(), want, 1e-6) << "column " << c;
+  }
   std::vector<TileSpan> spans = tile_spans(40, 16, 8);
   ASSERT_EQ(spans.size(), 4u);  // 0-16, 8-24, 16-32, 24-40: stops once a tile reaches the end
   EXPECT_EQ(spans.back().begin, 24);
@@ -144,36 +171,41 @@ TEST(WanVAE, TilingBlendIsExactForLocalFunctions) {
   EXPECT_THROW(tile_spans(40, 8, 16), Error);  // stride > tile leaves gaps
 }
 
-// Tiled encode/decode of a frame larger than the tile. The VAE sees far past a tile (its encoder's
-// receptive field spans ~100 pixels, and the middle attention the whole frame), so tiles are
-// approximations near and away from seams alike; what the test pins down is that tiling is used,
-// that it keeps shapes and lands every tile in place (a misplaced or unblended tile gives errors of
-// the order of the signal, > 0.5 relative RMS), and that with a tile covering the frame it is off.
-// Bound: relative RMS error < 0.35, measured ~0.1-0.2 with random weights at 8x8-latent tiles.
-TEST(WanVAE, TiledRunIsCloseToUntiled) {
+// Tiled encode/decode of frames larger than the tile. The VAE sees far past a tile (the encoder's
+// receptive field spans ~100 pixels and the middle attention the whole frame), so no tiling is
+// exact anywhere; what overlap and blending buy is a much smaller error than cutting the frame
+// into disjoint tiles. With random weights (which mix more than trained ones) and 64-pixel tiles
+// on 64x96 frames of 5 frames, relative RMS errors measured: overlap 32 px: encode 0.085,
+// decode 0.13; disjoint tiles: 0.31 and 0.43. Asserted: blended < 0.2 (encode) / 0.25 (decode)
+// and < half the disjoint error. A misplaced or unblended tile fails both. A frame that fits in
+// one tile is not tiled (exactly the untiled result).
+TEST_F(WanVAETest, TiledRunIsCloseToUntiledAndBeatsDisjointTiles) {
   WanVAE vae = random_vae(tiny_vae_config(), 4);
   at::NoGradGuard ng;
   torch::manual_seed(40);
-  // A smooth frame (as real video is): low-frequency content upsampled to 96x128.
-  at::Tensor video = at::upsample_bilinear2d(at::rand({5, 3, 6, 8}) * 2 - 1, {96, 128}, false)
-                         .view({1, 5, 3, 96, 128}).permute({0, 2, 1, 3, 4}).contiguous();
-  VaeRunOptions tiled;
-  tiled.tiling = {true, 64, 32};
-  at::Tensor ref = vae->encode(video).mean, got = vae->encode(video, tiled).mean;
-  ASSERT_EQ(got.sizes(), ref.sizes());
+  // Smooth content, as real video is: a coarse random image upsampled to 64x96.
+  at::Tensor video = at::upsample_bilinear2d(at::rand({5, 3, 4, 6}) * 2 - 1, {64, 96}, false)
+                         .view({1, 5, 3, 64, 96}).permute({0, 2, 1, 3, 4}).contiguous();
   auto rel_rms = [](const at::Tensor& a, const at::Tensor& b) {
     return ((a - b).pow(2).mean() / b.pow(2).mean()).sqrt().item<double>();
   };
-  const double enc_err = rel_rms(got, ref);
+  VaeRunOptions blended, disjoint;
+  blended.tiling = {true, 64, 32};
+  disjoint.tiling = {true, 64, 64};
+  at::Tensor ref = vae->encode(video).mean, got = vae->encode(video, blended).mean;
+  ASSERT_EQ(got.sizes(), ref.sizes());
+  const double enc_err = rel_rms(got, ref), enc_disjoint = rel_rms(vae->encode(video, disjoint).mean, ref);
   EXPECT_GT(enc_err, 0.0);  // tiles were really used
-  EXPECT_LT(enc_err, 0.35);
-  at::Tensor dec_ref = vae->decode(ref), dec_got = vae->decode(ref, tiled);
+  EXPECT_LT(enc_err, 0.2);
+  EXPECT_LT(enc_err, 0.5 * enc_disjoint);
+  at::Tensor dec_ref = vae->decode(ref), dec_got = vae->decode(ref, blended);
   ASSERT_EQ(dec_got.sizes(), dec_ref.sizes());
-  const double dec_err = rel_rms(dec_got, dec_ref);
+  const double dec_err = rel_rms(dec_got, dec_ref), dec_disjoint = rel_rms(vae->decode(ref, disjoint), dec_ref);
   EXPECT_GT(dec_err, 0.0);
-  EXPECT_LT(dec_err, 0.35);
+  EXPECT_LT(dec_err, 0.25);
+  EXPECT_LT(dec_err, 0.5 * dec_disjoint);
   VaeRunOptions big_tile;
-  big_tile.tiling = {true, 128, 64};
+  big_tile.tiling = {true, 96, 48};
   EXPECT_TRUE(at::equal(vae->encode(video, big_tile).mean, ref));
   VaeRunOptions odd;
   odd.tiling = {true, 60, 30};
@@ -183,7 +215,7 @@ TEST(WanVAE, TiledRunIsCloseToUntiled) {
 // Facts checked against the official model (wan/modules/vae.py, WanVAE_(dim=96, z_dim=16,
 // dim_mult=[1,2,4,4], num_res_blocks=2, temperal_downsample=[False,True,True])): 194 tensors,
 // 126,892,531 parameters (the Wan report's "127M"), and these names and shapes.
-TEST(WanVAE, OfficialKeyNamesShapesAndParameterCount) {
+TEST_F(WanVAETest, OfficialKeyNamesShapesAndParameterCount) {
   WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(at::kMeta));
   TensorMap sd = state_dict(*vae);
   EXPECT_EQ(sd.size(), 194u);
@@ -231,7 +263,7 @@ TEST(WanVAE, OfficialKeyNamesShapesAndParameterCount) {
   EXPECT_FALSE(sd.count("decoder.upsamples.15.residual.0.gamma"));
 }
 
-TEST(WanVAE, LoadsSafetensorsStrictly) {
+TEST_F(WanVAETest, LoadsSafetensorsStrictly) {
   ScratchDir dir("wan_vae");
   WanVAE src = random_vae(tiny_vae_config(), 5);
   save_safetensors(dir / "vae.safetensors", state_dict(*src));
@@ -267,7 +299,7 @@ TEST(WanVAE, LoadsSafetensorsStrictly) {
   EXPECT_TRUE(at::equal(dst->encode(video).mean, src->encode(video).mean));
 }
 
-TEST(WanVAE, LatentNormalisationUsesOfficialStatistics) {
+TEST_F(WanVAETest, LatentNormalisationUsesOfficialStatistics) {
   WanVAE vae(tiny_vae_config());
   at::Tensor mean = at::tensor(std::vector<float>(kWan21LatentMean.begin(), kWan21LatentMean.end())).view({1, 16, 1, 1, 1});
   at::Tensor std = at::tensor(std::vector<float>(kWan21LatentStd.begin(), kWan21LatentStd.end())).view({1, 16, 1, 1, 1});
@@ -284,30 +316,6 @@ TEST(WanVAE, LatentNormalisationUsesOfficialStatistics) {
   WanVAEConfig bad = tiny_vae_config();
   bad.z_dim = 4;  // statistics for 16 channels
   EXPECT_THROW(WanVAE{bad}, Error);
-}
-
-
-// TEMPORARY (removed before hand-off): compares with the official Python module.
-TEST(WanVAE, TmpGoldenAgainstOfficial) {
-  const char* dir = std::getenv("VIDIT_WAN_VAE_GOLDEN");
-  if (!dir) GTEST_SKIP();
-  WanVAE vae(tiny_vae_config());
-  load_wan_vae(*vae, std::string(dir) + "/weights.safetensors");
-  TensorMap g = load_safetensors(std::string(dir) + "/golden.safetensors");
-  at::NoGradGuard ng;
-  for (bool chunked : {true, false}) {
-    VaeRunOptions o;
-    o.chunked = chunked;
-    VaeMoments m = vae->encode(g.at("video"), o);
-    std::printf("chunked=%d mu %.3g logvar %.3g dec %.3g mu_n %.3g dec_n %.3g\n", int(chunked),
-                rel_diff(m.mean, g.at("mu")), rel_diff(m.logvar, g.at("logvar")),
-                rel_diff(vae->decode(g.at("z"), o), g.at("dec")),
-                rel_diff(vae->encode_latents(g.at("video"), o), g.at("mu_n")),
-                rel_diff(vae->decode_latents(g.at("z"), o), g.at("dec_n")));
-    EXPECT_LT(rel_diff(m.mean, g.at("mu")), 1e-5);
-    EXPECT_LT(rel_diff(m.logvar, g.at("logvar")), 1e-5);
-    EXPECT_LT(rel_diff(vae->decode(g.at("z"), o), g.at("dec")), 1e-5);
-  }
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 namespace vidit {
 
 CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank, int world, bool pin)
-    : cache_(std::move(cache)), cfg_(cfg), rank_(rank), pin_(pin) {
+    : cache_(std::move(cache)), cfg_(cfg), pin_(pin) {
   const auto& m = cfg_.model;
   std::map<std::string, int> bucket_index;
   std::vector<int> bucket_of;
@@ -59,14 +59,13 @@ void CacheLoader::work() {
       cv_.wait(lock, [&] { return stopping_ || next_seq_ - want_seq_ < cfg_.data.prefetch; });
       if (stopping_) return;
       job.seq = next_seq_++;
-      job.before = sampler_->state();
       job.indices = sampler_->next();
       after_[job.seq] = sampler_->state();
     }
     MicroBatch b = assemble(job);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ready_[job.seq] = {std::move(b), job.before};
+      ready_[job.seq] = std::move(b);
     }
     cv_.notify_all();
   }
@@ -104,7 +103,7 @@ MicroBatch CacheLoader::assemble(const Job& job) {
 MicroBatch CacheLoader::next(int64_t) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return ready_.count(want_seq_) > 0; });
-  MicroBatch b = std::move(ready_[want_seq_].first);
+  MicroBatch b = std::move(ready_[want_seq_]);
   ready_.erase(want_seq_);
   handed_ = after_[want_seq_];
   after_.erase(want_seq_);

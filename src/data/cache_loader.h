@@ -48,7 +48,6 @@ class CacheLoader : public BatchSource {
   struct Job {
     int64_t seq;
     std::vector<int64_t> indices;
-    BucketSamplerState before;  // sampler position before this batch
   };
   void start();
   void stop();
@@ -57,7 +56,6 @@ class CacheLoader : public BatchSource {
 
   std::shared_ptr<const LatentCache> cache_;
   Config cfg_;
-  int rank_;
   bool pin_;
   int64_t budget_ = 0;
   std::vector<std::string> bucket_names_;
@@ -70,7 +68,7 @@ class CacheLoader : public BatchSource {
   bool stopping_ = false;
   int64_t next_seq_ = 0;   // next job to create
   int64_t want_seq_ = 0;   // next batch next() returns
-  std::map<int64_t, std::pair<MicroBatch, BucketSamplerState>> ready_;
+  std::map<int64_t, MicroBatch> ready_;
   std::map<int64_t, BucketSamplerState> after_;  // sampler state after each job
   std::vector<std::string> skipped_;
 };

@@ -113,6 +113,13 @@ CacheIndexEntry CacheIndexEntry::from_json(const nlohmann::json& j, const std::s
   return e;
 }
 
+at::Tensor read_text_embedding(const std::string& path) {
+  TensorMap t = load_safetensors(path);
+  VIDIT_CHECK(t.size() == 1 || t.count("text"), "text embedding file '", path,
+              "' must hold one tensor or one named 'text'");
+  return (t.count("text") ? t["text"] : t.begin()->second).to(at::kFloat);
+}
+
 std::string cache_key(const std::string& path, double start, double end) {
   std::ostringstream os;
   os.precision(17);
@@ -260,10 +267,7 @@ LatentCache::Loaded LatentCache::load(int64_t i, bool verify) const {
                           "Re-run vidit prepare after deleting that shard and its index part to rebuild it");
   if (!e.text_ref.empty()) {
     const std::string ref = fs::path(e.text_ref).is_absolute() ? e.text_ref : dir_ + "/" + e.text_ref;
-    TensorMap t = load_safetensors(ref);
-    VIDIT_CHECK(t.size() == 1 || t.count("text"), "text embedding file '", ref,
-                "' must hold one tensor or one named 'text'");
-    out.text = (t.count("text") ? t["text"] : t.begin()->second).to(at::kFloat);
+    out.text = read_text_embedding(ref);
   }
   return out;
 }

@@ -50,6 +50,10 @@ struct CacheIndexEntry {
   static CacheIndexEntry from_json(const nlohmann::json& j, const std::string& where);
 };
 
+// Reads a precomputed text embedding file: a safetensors file holding one tensor, or one named
+// "text". Returned as fp32. Throws vidit::Error naming the file otherwise.
+at::Tensor read_text_embedding(const std::string& path);
+
 // A stable key for a clip: 16 hex digits of xxHash64 over (path, start, end).
 std::string cache_key(const std::string& path, double start_seconds, double end_seconds);
 

@@ -35,14 +35,12 @@ class RejectLog {
   int64_t count_ = 0;
 };
 
-at::Tensor load_text_embedding(const std::string& path, const ModelConfig& m) {
-  TensorMap t = load_safetensors(path);
-  VIDIT_CHECK(t.size() == 1 || t.count("text"), "text embedding '", path, "' must hold one tensor or one named 'text'");
-  at::Tensor x = t.count("text") ? t["text"] : t.begin()->second;
+// Refuses a text embedding file the model cannot use, at prepare time rather than mid-training.
+void check_text_embedding(const std::string& path, const ModelConfig& m) {
+  at::Tensor x = read_text_embedding(path);
   VIDIT_CHECK(x.dim() == 2 && x.size(1) == m.text_dim && x.size(0) <= m.text_len, "text embedding '", path,
               "' has shape ", x.sizes(), "; the model wants [<= ", m.text_len, ", ", m.text_dim,
               "] (model.text_len, model.text_dim)");
-  return x;
 }
 
 std::string worker_name(int w) {
@@ -120,7 +118,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       s.bucket = b.name();
       if (d.text_encoder == "precomputed") {
         VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
-        load_text_embedding(e.text_embedding, cfg.model);  // refuse bad files now, not mid-training
+        check_text_embedding(e.text_embedding, cfg.model);
         s.text_ref = e.text_embedding;
       } else {
         s.text = captions(e.caption);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data/video_decoder.h"
+#include "../../tests/test_util.h"
 #include "data/video_test_util.h"
 
 namespace vidit {
@@ -41,16 +42,6 @@ std::vector<int> source_indices(const at::Tensor& got, const at::Tensor& source)
 
 class VideoDecodeClip : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::random_device rd;
-    dir_ = fs::temp_directory_path() /
-           ("vidit_video_decode_clip_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   fs::path file(const std::string& name) const { return dir_ / name; }
 
   // Frames whose colour says which frame they are: frame N is flat grey 16 + 10 N (limited
@@ -65,7 +56,8 @@ class VideoDecodeClip : public ::testing::Test {
     return p;
   }
 
-  fs::path dir_;
+  test::ScratchDir scratch_{"video_decode_clip"};
+  fs::path dir_{scratch_.path()};
 };
 
 struct CodecCase {

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "data/video_decoder.h"
+#include "../../tests/test_util.h"
 #include "data/video_test_util.h"
 
 namespace vidit {
@@ -41,16 +42,6 @@ at::Tensor square_pattern(int64_t T, int64_t H, int64_t W) {
 
 class VideoDecoder : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::random_device rd;
-    dir_ = fs::temp_directory_path() /
-           ("vidit_video_decoder_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   fs::path file(const std::string& name) const { return dir_ / name; }
 
   // 16 frames of lavfi testsrc2, 64x48, H.264 4:2:0 with B-frames (so the decoder holds
@@ -62,7 +53,8 @@ class VideoDecoder : public ::testing::Test {
     return p;
   }
 
-  fs::path dir_;
+  test::ScratchDir scratch_{"video_decoder"};
+  fs::path dir_{scratch_.path()};
 };
 
 TEST_F(VideoDecoder, DecodesH264ExactlyLikeTheFfmpegCli) {

@@ -1,0 +1,147 @@
+// GPU parity: the model, a training step and the VAE give on CUDA what they give on the CPU.
+// Every test skips where no CUDA device is present (CI); bench/gpu/run.sh runs them on a GPU.
+// TF32 is switched off so fp32 matmuls on the GPU are true fp32 and the tolerances stay tight.
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <cstdio>
+
+#include "../../tests/test_util.h"
+#include "data/dataset.h"
+#include "model/dit.h"
+#include "model/state_dict.h"
+#include "train/precision.h"
+#include "train/trainer.h"
+#include "vae/wan_vae.h"
+
+namespace vidit {
+namespace {
+
+using test::tiny_config;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return ((a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max() /
+          b.cpu().to(at::kDouble).abs().max().clamp_min(1e-12))
+      .item<double>();
+}
+
+struct NoTf32 {
+  bool mm = at::globalContext().allowTF32CuBLAS(), conv = at::globalContext().allowTF32CuDNN();
+  NoTf32() {
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowTF32CuDNN(false);
+  }
+  ~NoTf32() {
+    at::globalContext().setAllowTF32CuBLAS(mm);
+    at::globalContext().setAllowTF32CuDNN(conv);
+  }
+};
+
+TEST(CudaParity, DiTForwardAndGradientsMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  NoTf32 fp32;
+  Config c = tiny_config({"model.dim=64", "model.heads=4", "model.ffn_dim=128"});
+  torch::manual_seed(0);
+  DiT cpu(c.model);
+  cpu->init_weights();
+  {
+    torch::NoGradGuard ng;
+    cpu->head->head->weight.normal_(0, 0.1);
+  }
+  DiT gpu(c.model);
+  load_state_dict(*gpu, state_dict(*cpu), "cpu copy");
+  gpu->to(at::kCUDA);
+  at::Tensor x = at::randn({2, 4, 2, 4, 4}), t = at::tensor({100.f, 700.f}), text = at::randn({2, 4, 8});
+  at::Tensor out_cpu = cpu->forward(x, t, text);
+  at::Tensor out_gpu = gpu->forward(x.cuda(), t.cuda(), text.cuda());
+  const double fwd = rel_err(out_gpu, out_cpu);
+  std::printf("GPU_PARITY dit_forward_fp32 %.3e\n", fwd);
+  EXPECT_LT(fwd, 1e-4);
+
+  out_cpu.square().mean().backward();
+  out_gpu.square().mean().backward();
+  auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& item : pc) {
+    const at::Tensor& g_cpu = item.value().grad();
+    const at::Tensor& g_gpu = pg[item.key()].grad();
+    ASSERT_TRUE(g_cpu.defined() && g_gpu.defined()) << item.key();
+    if (g_cpu.abs().max().item<double>() < 1e-8) continue;  // e.g. zero-initialised paths
+    const double e = rel_err(g_gpu, g_cpu);
+    if (e > worst) worst = e, worst_name = item.key();
+  }
+  std::printf("GPU_PARITY dit_grad_fp32 %.3e (%s)\n", worst, worst_name.c_str());
+  EXPECT_LT(worst, 1e-3) << worst_name;
+}
+
+// The trainer draws noise, timesteps and caption drops from a CPU generator and initialises the
+// model on the CPU, so the same config trains to the same losses on either device.
+std::vector<double> train_losses(const std::string& precision, at::Device device, int steps) {
+  Config c = tiny_config({"model.dim=64", "model.heads=4", "model.ffn_dim=128", "train.lr=1e-3",
+                          "train.warmup_steps=0", "train.ckpt_every=0", "train.ema_decay=0"});
+  c.train.precision = precision;
+  test::ScratchDir dir("cuda_step");
+  c.train.out_dir = dir.path();
+  c.train.steps = steps;
+  auto data = std::make_shared<SyntheticDataset>(c, 64, 7);
+  Trainer trainer(c, data, at::zeros({c.model.text_len, c.model.text_dim}), device);
+  return trainer.fit(-1, /*console=*/false);
+}
+
+TEST(CudaParity, TrainingOnCudaReproducesCpuLosses) {
+  SKIP_WITHOUT_CUDA();
+  NoTf32 fp32;
+  const int steps = 20;
+  std::vector<double> cpu = train_losses("fp32", at::kCPU, steps);
+  std::vector<double> gpu = train_losses("fp32", at::kCUDA, steps);
+  std::vector<double> bf16 = train_losses("bf16", at::kCUDA, steps);
+  ASSERT_EQ(gpu.size(), size_t(steps));
+  ASSERT_EQ(bf16.size(), size_t(steps));
+  double worst = 0, bf16_mean = 0;
+  for (int i = 0; i < steps; ++i) {
+    worst = std::max(worst, std::abs(gpu[i] - cpu[i]) / std::abs(cpu[i]));
+    ASSERT_TRUE(std::isfinite(bf16[i])) << "step " << i;
+    bf16_mean += std::abs(bf16[i] - cpu[i]) / std::abs(cpu[i]) / steps;
+  }
+  std::printf("GPU_PARITY train_loss_fp32 %.3e\nGPU_PARITY train_loss_bf16_mean %.3e\n", worst, bf16_mean);
+  EXPECT_LT(worst, 1e-3);
+  EXPECT_LT(bf16_mean, 0.05);
+}
+
+TEST(CudaParity, WanVaeEncodeDecodeMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  NoTf32 fp32;
+  WanVAEConfig cfg;
+  cfg.base_dim = 8;
+  torch::manual_seed(3);
+  WanVAE cpu(cfg);
+  {
+    at::NoGradGuard ng;
+    for (auto& item : cpu->named_parameters()) {
+      at::Tensor p = item.value();
+      if (item.key().ends_with("gamma")) p.normal_(1.0, 0.2);
+      else if (p.dim() > 1) p.normal_(0.0, 1.0 / std::sqrt(double(p.numel() / p.size(0))));
+      else p.normal_(0.0, 0.1);
+    }
+  }
+  WanVAE gpu(cfg);
+  load_state_dict(*gpu, state_dict(*cpu), "cpu copy");
+  gpu->to(at::kCUDA);
+  at::NoGradGuard ng;
+  at::Tensor video = at::rand({1, 3, 9, 32, 48}) * 2 - 1;
+  VaeMoments m_cpu = cpu->encode(video), m_gpu = gpu->encode(video.cuda());
+  const double enc = rel_err(m_gpu.mean, m_cpu.mean);
+  at::Tensor d_cpu = cpu->decode(m_cpu.mean), d_gpu = gpu->decode(m_cpu.mean.cuda());
+  const double dec = rel_err(d_gpu, d_cpu);
+  std::printf("GPU_PARITY vae_encode_fp32 %.3e vae_decode_fp32 %.3e\n", enc, dec);
+  EXPECT_LT(enc, 1e-4);
+  EXPECT_LT(dec, 1e-4);
+}
+
+}  // namespace
+}  // namespace vidit

@@ -2,8 +2,12 @@
 // and prints step time, tokens/s and achieved GFLOP/s (FLOPs from model_info.h).
 //   bench_train_step [--config F] [--set k=v ...] [--steps N] [--warmup N] [--device cpu|cuda]
 //                    [--dump DIR]   (weights + one forward's inputs/outputs for torch_reference.py)
+//                    [--system-malloc] (skip keep_freed_memory(), for the A/B in BENCHMARKS.md)
+//                    [--profile FILE] (chrome trace of the timed steps; bench/profile_summary.py
+//                                      totals it by op)
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +17,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/malloc_tuning.h"
 #include "core/safetensors.h"
 #include "data/dataset.h"
 #include "model/model_info.h"
@@ -23,7 +28,7 @@ using namespace vidit;
 
 int main(int argc, char** argv) {
   CLI::App app{"time vidit training steps"};
-  std::string config, device = "cpu", dump;
+  std::string config, device = "cpu", dump, profile;
   std::vector<std::string> sets;
   int steps = 20, warmup = 3;
   app.add_option("-c,--config", config);
@@ -32,7 +37,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--device", device);
   app.add_option("--dump", dump, "write weights and one forward pass for the PyTorch reference");
+  app.add_option("--profile", profile, "write a chrome trace of the timed steps to this file");
+  bool system_malloc = false;
+  app.add_flag("--system-malloc", system_malloc, "leave glibc's malloc settings as they are");
   CLI11_PARSE(app, argc, argv);
+  if (!system_malloc) keep_freed_memory();
   try {
     sets.insert(sets.begin(), {"data.source=synthetic", "train.out_dir=\"/tmp/vidit_bench\"",
                                "train.ckpt_every=0", "train.ema_decay=0"});
@@ -72,9 +81,11 @@ int main(int argc, char** argv) {
     }
 
     std::vector<double> times;
-    for (int i = 0; i < warmup + steps; ++i) {
-      StepResult r = trainer.step();
-      if (i >= warmup) times.push_back(r.seconds);
+    for (int i = 0; i < warmup; ++i) trainer.step();
+    {
+      std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
+      if (!profile.empty()) prof = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
+      for (int i = 0; i < steps; ++i) times.push_back(trainer.step().seconds);
     }
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2];

@@ -7,6 +7,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/malloc_tuning.h"
 #include "core/safetensors.h"
 #include "data/cache_loader.h"
 #include "data/dataset.h"
@@ -185,6 +186,7 @@ int cmd_demo(const CommonOpts& o, bool resume) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  vidit::keep_freed_memory();  // before any tensor exists
   CLI::App app{"vidit: train video Diffusion Transformers with flow matching"};
   app.require_subcommand(1);
   CommonOpts o;

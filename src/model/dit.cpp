@@ -33,10 +33,10 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& e0,
   auto e = (fp32(modulation) + e0).chunk(6, 1);
   at::Tensor x = x_in;
   at::Tensor y = self_attn->forward(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
-  x = x + fp32(y) * e[2];
+  x = at::addcmul(x, fp32(y), e[2]);  // x + y * gate, one pass
   x = x + fp32(cross_attn->forward(norm3(x), context));
   y = ffn->forward(layernorm_modulate(x, e[3], e[4], eps));
-  return x + fp32(y) * e[5];
+  return at::addcmul(x, fp32(y), e[5]);
 }
 
 HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {
@@ -102,7 +102,9 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   const int64_t B = x.size(0), f = x.size(2) / c.patch[0], h = x.size(3) / c.patch[1],
                 w = x.size(4) / c.patch[2];
 
-  at::Tensor tokens = fp32(patch_embedding(x).flatten(2).transpose(1, 2));  // [B, L, dim]
+  // Contiguous: elementwise ops keep their inputs' layout, so a transposed stream would stay
+  // transposed through every block (and each LayerNorm would copy it).
+  at::Tensor tokens = fp32(patch_embedding(x).flatten(2).transpose(1, 2)).contiguous();  // [B, L, dim]
   const auto real = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor e = fp32(time_embedding->forward(sinusoidal_embedding(t, c.freq_dim).to(x.device(), real)));
   at::Tensor e0 = fp32(time_projection->forward(e)).unflatten(1, {6, c.dim});

@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include "kernels/layernorm_modulate.h"
+#include "kernels/rmsnorm_cpu.h"
 #include "model/rope.h"
 
 namespace vidit {
@@ -10,8 +11,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  at::Tensor xf = fp32(x);
-  return xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps) * fp32(weight);
+  return rmsnorm(fp32(x), fp32(weight), eps);
 }
 
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
@@ -21,7 +21,7 @@ at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, cons
   if (x.is_cuda() && fusable && layernorm_modulate_cuda_available())
     return layernorm_modulate_fused(x, shift, scale, eps);
   at::Tensor xf = fp32(x);
-  return at::layer_norm(xf, {xf.size(-1)}, {}, {}, eps) * (1 + scale) + shift;
+  return at::addcmul(shift, at::layer_norm(xf, {xf.size(-1)}, {}, {}, eps), 1 + scale);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

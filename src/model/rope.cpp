@@ -1,5 +1,6 @@
 #include "model/rope.h"
 
+#include "kernels/rope_cpu.h"
 #include "model/layers.h"
 
 namespace vidit {
@@ -26,11 +27,9 @@ std::array<at::Tensor, 2> rope_tables(int64_t frames, int64_t height, int64_t wi
 }
 
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  auto sizes = x.sizes();
-  at::Tensor pairs = fp32(x).reshape({sizes[0], sizes[1], sizes[2], sizes[3] / 2, 2});
-  at::Tensor a = pairs.select(-1, 0), b = pairs.select(-1, 1);
-  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);  // [L, 1, d/2]
-  return at::stack({a * c - b * s, a * s + b * c}, -1).reshape(sizes);
+  at::Tensor xf = fp32(x);
+  const bool fused = xf.device().is_cpu() && !cos.requires_grad() && !sin.requires_grad();
+  return fused ? rope_cpu_fused(xf, cos, sin) : rope_composite(xf, cos, sin);
 }
 
 }  // namespace vidit

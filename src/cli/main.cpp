@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "data/cache_loader.h"
 #include "data/dataset.h"
+#include "data/frame_encoder.h"
 #include "data/latent_cache.h"
 #include "data/prepare.h"
 #include "data/video_decoder.h"
@@ -50,10 +51,7 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
               format_info(cfg, model_info(cfg)).c_str());
   std::shared_ptr<BatchSource> data;
   if (cfg.data.source == "demo") {
-    auto entries = demo::make_demo_videos(cfg, cfg.train.out_dir + "/videos");
-    auto loaded = demo::load_demo_dataset(cfg, entries);
-    for (const auto& s : loaded.skipped) std::printf("skipped %s\n", s.c_str());
-    data = std::make_shared<EpochBatchSource>(loaded.dataset, cfg.train.seed);
+    data = demo::prepare_demo_data(cfg, cfg.train.out_dir).loader;
   } else if (cfg.data.source == "cache") {
     auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
     auto loader = std::make_shared<CacheLoader>(cache, cfg);
@@ -103,34 +101,6 @@ int cmd_sample(const CommonOpts& o, std::string checkpoint, const std::vector<st
   return 0;
 }
 
-// Frames [T, H, W, 3] uint8 -> latent (mean, std), as data.codec says.
-FrameEncoder make_frame_encoder(const Config& cfg) {
-  if (cfg.data.codec == "demo") {
-    const int64_t block = cfg.demo.codec_block;
-    return [block](const at::Tensor& frames) {
-      at::Tensor mean = demo::codec_encode(frames, block);
-      return std::make_pair(mean, at::zeros_like(mean));  // lossless: no spread
-    };
-  }
-  VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"wan_vae\" needs data.vae_weights "
-              "(the Wan 2.1 VAE as .safetensors)");
-  auto vae = std::make_shared<WanVAE>(WanVAEConfig{});
-  load_wan_vae(**vae, cfg.data.vae_weights);
-  (*vae)->eval();
-  return [vae](const at::Tensor& frames) {
-    at::NoGradGuard no_grad;
-    at::Tensor video = frames.permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
-    VaeRunOptions opt;
-    opt.tiling.enabled = video.size(3) > opt.tiling.tile || video.size(4) > opt.tiling.tile;
-    VaeMoments m = (*vae)->encode(video, opt);
-    at::Tensor mean = (*vae)->normalize_latents(m.mean)[0];
-    // std in the normalised space: exp(logvar / 2) / latent_std per channel.
-    at::Tensor unit = (*vae)->normalize_latents(at::zeros_like(m.mean));
-    at::Tensor std = ((*vae)->normalize_latents(m.logvar.mul(0.5).exp()) - unit)[0];
-    return std::make_pair(mean, std);
-  };
-}
-
 // Which slice of the manifest this process prepares: --worker/--workers, else the launcher's
 // environment (OpenMPI, Slurm, torchrun), else 0 of 1.
 std::pair<int, int> prepare_slice(int worker, int workers) {
@@ -158,11 +128,7 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
     return 0;
   }
   auto [w, n] = prepare_slice(worker, workers);
-  CaptionEncoder captions;
-  if (cfg.data.text_encoder == "demo") {
-    const int64_t len = cfg.model.text_len, dim = cfg.model.text_dim;
-    captions = [len, dim](const std::string& c) { return demo::embed_caption(c, len, dim); };
-  }
+  CaptionEncoder captions = make_caption_encoder(cfg);
   std::printf("vidit prepare: %s -> %s (worker %d of %d, codec %s)\n", cfg.data.manifest.c_str(),
               cfg.data.cache_dir.c_str(), w, n, cfg.data.codec.c_str());
   std::fflush(stdout);

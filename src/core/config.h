@@ -53,14 +53,15 @@ struct DataConfig {
 };
 
 // Bucket shapes (see src/data/buckets.h): resolution tiers x aspect ratios x frame counts, in
-// pixels and video frames (before the VAE).
+// pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
+// 6 frames, demo codec); configs/wan2.1-*.toml show buckets for real data.
 struct BucketConfig {
-  std::vector<int64_t> resolutions{256};   // tiers: sqrt(height * width) targets
-  std::vector<double> aspect_ratios{16.0 / 9, 4.0 / 3, 1.0, 3.0 / 4, 9.0 / 16};  // width / height
-  std::vector<int64_t> frames{17, 33, 49}; // frame counts, each 1 mod frame_stride
-  int64_t frame_stride = 4;                // 4: 4k+1 frames (Wan VAE); 1: any count (demo codec)
-  int64_t multiple = 16;                   // height and width are multiples of this
-  double max_upscale = 1.0;                // largest allowed scale-up factor (1: never upscale)
+  std::vector<int64_t> resolutions{16, 18};    // tiers: sqrt(height * width) targets
+  std::vector<double> aspect_ratios{1.0, 1.25};  // width / height
+  std::vector<int64_t> frames{6};              // frame counts, each 1 mod frame_stride
+  int64_t frame_stride = 1;                    // 4: 4k+1 frames (Wan VAE); 1: any count (demo codec)
+  int64_t multiple = 4;                        // height and width are multiples of this
+  double max_upscale = 1.0;                    // largest allowed scale-up factor (1: never upscale)
 };
 
 struct DiffusionConfig {

@@ -13,6 +13,8 @@ BucketSpec spec() {
   s.resolutions = {256, 480};
   s.aspect_ratios = {16.0 / 9, 1.0, 9.0 / 16};
   s.frames = {17, 33};
+  s.frame_stride = 4;  // Wan VAE: 4k+1 frames
+  s.multiple = 16;
   return s;
 }
 

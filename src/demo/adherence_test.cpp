@@ -3,9 +3,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "../../tests/test_util.h"
 #include "core/error.h"
 #include "data/video_decoder.h"
+#include "data/video_test_util.h"
 #include "demo/caption_embedder.h"
 #include "demo/demo_codec.h"
 #include "demo/demo_data.h"
@@ -76,7 +80,7 @@ TEST(DemoCodec, SpaceToDepthRoundTripIsLossless) {
   EXPECT_EQ((l1 > -1).sum().item<int64_t>(), 1);
 }
 
-TEST(DemoData, CaptionsEmbedPerWordAndCropCentres) {
+TEST(DemoData, CaptionsEmbedPerWord) {
   at::Tensor a = embed_caption("a red square moving left", 8, 16);
   at::Tensor b = embed_caption("a blue square moving left", 8, 16);
   EXPECT_TRUE(at::equal(a[0], b[0]));       // "a"
@@ -84,10 +88,34 @@ TEST(DemoData, CaptionsEmbedPerWordAndCropCentres) {
   EXPECT_TRUE(at::equal(a[4], b[4]));       // "left"
   EXPECT_EQ(a[5].abs().sum().item<float>(), 0.0f);  // padding
   EXPECT_THROW(embed_caption("one two three", 2, 4), Error);
-  at::Tensor f = at::arange(2 * 6 * 8 * 3, at::kLong).view({2, 6, 8, 3}).to(at::kByte);
-  at::Tensor c = centre_crop(f, 4, 1);
-  EXPECT_EQ(c.sizes(), (std::vector<int64_t>{1, 4, 4, 3}));
-  EXPECT_TRUE(at::equal(c[0][0][0], f[0][1][2]));
+}
+
+// The demo's own videos go through prepare (decode, buckets, cache) and the bucketed loader:
+// square clips land in 6x16x16, the 5:4 and 3:2 clips in 6x16x20, and batches of both come out.
+TEST(DemoData, VideosAreCachedIntoTwoBucketsAndLoaded) {
+  SKIP_WITHOUT_DECODING();
+  test::ScratchDir dir("demo_data");
+  Config cfg = parse_config("", "<test>", {"demo.videos=12", "data.loader_threads=1"});
+  DemoData d = prepare_demo_data(cfg, dir.path());
+  EXPECT_EQ(d.report.written, 12);
+  EXPECT_EQ(d.report.rejected, 0);
+  EXPECT_EQ(d.report.per_bucket, (std::map<std::string, int64_t>{{"6x16x16", 4}, {"6x16x20", 8}}));
+  std::set<std::vector<int64_t>> shapes;
+  for (int i = 0; i < 8; ++i) {
+    MicroBatch b = d.loader->next();
+    ASSERT_GT(b.latents.size(0), 0);
+    shapes.insert(b.latents.sizes().slice(1).vec());
+    EXPECT_EQ(b.texts.sizes(), (std::vector<int64_t>{b.latents.size(0), cfg.model.text_len, cfg.model.text_dim}));
+  }
+  EXPECT_EQ(shapes, (std::set<std::vector<int64_t>>{{12, 6, 8, 8}, {12, 6, 8, 10}}));
+  // Buckets without the square shape the demo samples at are refused, naming the section.
+  Config bad = parse_config("", "<test>", {"buckets.resolutions=[18]", "demo.videos=3"});  // 20x20, 16x20
+  try {
+    prepare_demo_data(bad, dir / "bad");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[buckets] has no 6x16x16 bucket"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

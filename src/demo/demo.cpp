@@ -105,20 +105,20 @@ DemoReport run_demo(const Config& cfg, bool resume) {
   fs::create_directories(out);
   DemoReport report;
 
-  std::printf("[demo] 1/4 making %lld shape videos (H.264 MP4) in %s/videos\n", (long long)cfg.demo.videos, out.c_str());
+  std::printf("[demo] 1/4 making %lld shape videos (H.264 MP4) in %s/videos and caching them\n",
+              (long long)cfg.demo.videos, out.c_str());
   std::fflush(stdout);
-  auto entries = make_demo_videos(cfg, out + "/videos");
-  std::printf("[demo] 2/4 decoding them with FFmpeg and encoding latents (demo codec, block %lld)\n",
-              (long long)cfg.demo.codec_block);
-  std::fflush(stdout);
-  LoadedDemo data = load_demo_dataset(cfg, entries);
-  for (const auto& s : data.skipped) std::printf("[demo] skipped %s\n", s.c_str());
-  std::printf("[demo]     %lld clips -> latents %s\n", (long long)data.dataset->size(),
-              c10::str(data.dataset->get(0).latent.sizes()).c_str());
+  DemoData data = prepare_demo_data(cfg, out);
+  std::printf("[demo] 2/4 decoded with FFmpeg, bucketed, encoded (demo codec, block %lld) into %s: %lld samples, "
+              "%lld rejected\n", (long long)cfg.demo.codec_block, data.cache_dir.c_str(), (long long)data.report.written,
+              (long long)data.report.rejected);
+  for (const auto& [bucket, n] : data.report.per_bucket)
+    std::printf("[demo]     bucket %-10s %4lld clips\n", bucket.c_str(), (long long)n);
+  std::printf("[demo]     loader: %lld tokens per batch\n", (long long)data.loader->token_budget());
 
   std::printf("[demo] 3/4 training the DiT (%lld steps)\n", (long long)cfg.train.steps);
   std::fflush(stdout);
-  Trainer trainer(cfg, data.dataset, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
+  Trainer trainer(cfg, data.loader, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
   if (resume && trainer.resume())
     std::printf("[demo]     resumed at step %lld\n", (long long)trainer.steps_done());
   double eval_seconds = 0;

@@ -7,27 +7,22 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/buckets.h"
+#include "data/frame_encoder.h"
+#include "data/latent_cache.h"
 #include "data/video_decoder.h"
-#include "demo/caption_embedder.h"
-#include "demo/demo_codec.h"
 #include "demo/shapes.h"
 
 namespace vidit::demo {
 
-at::Tensor centre_crop(const at::Tensor& f, int64_t size, int64_t keep) {
-  VIDIT_CHECK(f.size(0) >= keep && f.size(1) >= size && f.size(2) >= size, "clip of ", f.sizes(),
-              " is smaller than the demo's ", keep, " frames of ", size, "x", size);
-  const int64_t top = (f.size(1) - size) / 2, left = (f.size(2) - size) / 2;
-  return f.slice(0, 0, keep).slice(1, top, top + size).slice(2, left, left + size).contiguous();
-}
-
 std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& dir) {
   std::filesystem::create_directories(dir);
   const auto& d = cfg.demo;
-  // A few frame sizes and lengths; the object always moves inside the central training crop.
+  // A few frame sizes (width x height: square, 5:4 and 3:2) and lengths; the object always moves
+  // inside the central frame_size square, which every bucket's crop keeps.
   const int64_t sizes[3][2] = {{d.frame_size, d.frame_size},
-                               {d.frame_size + 8, d.frame_size},
-                               {d.frame_size + 16, d.frame_size + 8}};
+                               {d.frame_size * 5 / 4, d.frame_size},
+                               {d.frame_size * 3 / 2, d.frame_size}};
   const int64_t lengths[3] = {d.frames, d.frames + 2, d.frames + 4};
   std::vector<std::tuple<int, int, Direction>> combos;
   for (int c = 0; c < int(palette().size()); ++c)
@@ -48,27 +43,37 @@ std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& d
     std::string path = dir + "/" + name;
     encode_video_mp4(path, render_clip(spec), 8.0, /*crf=*/10);
     out.push_back({path, caption(spec)});
-    list << nlohmann::json{{"path", path}, {"caption", out.back().caption}}.dump() << "\n";
+    list << nlohmann::json{{"path", name}, {"caption", out.back().caption}}.dump() << "\n";  // relative to dir
   }
   return out;
 }
 
-LoadedDemo load_demo_dataset(const Config& cfg, const std::vector<VideoEntry>& entries) {
+DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir) {
   const auto& d = cfg.demo;
-  std::vector<at::Tensor> latents, texts;
-  LoadedDemo out;
-  for (const auto& e : entries) {
-    try {
-      DecodedVideo v = decode_video(e.path, d.frames);
-      latents.push_back(codec_encode(centre_crop(v.frames, d.frame_size, d.frames), d.codec_block));
-      texts.push_back(embed_caption(e.caption, cfg.model.text_len, cfg.model.text_dim));
-    } catch (const Error& err) {
-      out.skipped.push_back(e.path + ": " + err.what());
-    }
-  }
-  VIDIT_CHECK(!latents.empty(), "none of the ", entries.size(), " demo videos could be decoded; first error: ",
-              out.skipped.empty() ? "?" : out.skipped.front());
-  out.dataset = std::make_shared<TensorDataset>(at::stack(latents), at::stack(texts));
+  VIDIT_CHECK(cfg.data.codec == "demo" && cfg.data.text_encoder == "demo", cfg.source,
+              ": the demo caches with data.codec = \"demo\" and data.text_encoder = \"demo\" (got \"",
+              cfg.data.codec, "\" and \"", cfg.data.text_encoder, "\")");
+  const Bucket square{d.frames, d.frame_size, d.frame_size, 1.0};
+  bool has_square = false;
+  for (const Bucket& b : make_buckets(cfg.buckets))
+    has_square |= b.frames == square.frames && b.height == square.height && b.width == square.width;
+  VIDIT_CHECK(has_square, cfg.source, ": [buckets] has no ", square.name(), " bucket (demo.frames x demo.frame_size^2), "
+              "the shape the demo samples at; add buckets.aspect_ratios 1.0 and a matching resolution tier");
+
+  DemoData out;
+  out.videos = make_demo_videos(cfg, out_dir + "/videos");
+  Config c = cfg;
+  c.data.manifest = out_dir + "/videos/captions.jsonl";
+  c.data.cache_dir = out_dir + "/cache";
+  // The cache is rebuilt every time (seconds): the videos are deterministic, so a resumed demo
+  // reads the same samples in the same order.
+  std::filesystem::remove_all(c.data.cache_dir);
+  out.report = prepare_cache(c, make_frame_encoder(c), make_caption_encoder(c));
+  out.cache_dir = c.data.cache_dir;
+  auto cache = std::make_shared<LatentCache>(c.data.cache_dir);
+  VIDIT_CHECK(cache->size() > 0, "none of the ", out.videos.size(), " demo videos could be cached; see ",
+              c.data.cache_dir, "/rejects.jsonl");
+  out.loader = std::make_shared<CacheLoader>(cache, c);
   return out;
 }
 

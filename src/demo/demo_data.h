@@ -1,15 +1,18 @@
-// The demo's data set on disk and in memory. make_demo_videos() renders clips of the training
-// (colour, direction) pairs in a few frame sizes and lengths, encodes each to H.264 MP4 with
-// FFmpeg and lists them in captions.jsonl. load_demo_dataset() decodes those files with the
-// FFmpeg decoder, centre-crops to the training size, keeps the first frames, encodes them with
-// the demo codec and embeds the captions. A file that cannot be decoded is skipped and reported.
+// The demo's data, through the same path as a user's: make_demo_videos() renders clips of the
+// training (colour, direction) pairs in three frame sizes (square, 5:4, 3:2) and lengths,
+// encodes each to H.264 MP4 with FFmpeg and lists them in a captions.jsonl manifest.
+// prepare_demo_data() runs `vidit prepare`'s code on that manifest (FFmpeg decode, [buckets]
+// assignment with resize and centre crop, the lossless demo codec, the built-in caption
+// embedder, the sharded latent cache; unusable files go to rejects.jsonl) and opens the
+// bucketed, token-budgeted cache loader over the result.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
-#include "data/dataset.h"
+#include "data/cache_loader.h"
+#include "data/prepare.h"
 
 namespace vidit::demo {
 
@@ -20,13 +23,14 @@ struct VideoEntry {
 // Writes <dir>/clip_NNNN.mp4 and <dir>/captions.jsonl; returns the entries.
 std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& dir);
 
-struct LoadedDemo {
-  std::shared_ptr<TensorDataset> dataset;
-  std::vector<std::string> skipped;  // "path: reason"
+struct DemoData {
+  std::vector<VideoEntry> videos;
+  PrepareReport report;              // samples per bucket, rejects
+  std::string cache_dir;
+  std::shared_ptr<CacheLoader> loader;
 };
-LoadedDemo load_demo_dataset(const Config& cfg, const std::vector<VideoEntry>& entries);
-
-// Centre crop of frames [T, H, W, 3] to size x size, first `frames` frames.
-at::Tensor centre_crop(const at::Tensor& frames, int64_t size, int64_t frames_kept);
+// Videos in <out_dir>/videos, cache in <out_dir>/cache (rebuilt). Needs data.codec = "demo",
+// data.text_encoder = "demo" and a demo.frames x demo.frame_size^2 bucket.
+DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir);
 
 }  // namespace vidit::demo

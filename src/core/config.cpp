@@ -66,6 +66,12 @@ class Binder {
       out = *n->value<double>();
     }
   }
+  void get(const char* key, bool& out) {
+    if (auto* n = find(key)) {
+      if (!n->is_boolean()) type_error(key, "true or false", *n);
+      out = *n->value<bool>();
+    }
+  }
   void get(const char* key, std::string& out) {
     if (auto* n = find(key)) {
       if (!n->is_string()) type_error(key, "a string", *n);
@@ -195,6 +201,7 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("manifest", d.manifest); b.get("cache_dir", d.cache_dir); b.get("codec", d.codec);
     b.get("vae_weights", d.vae_weights); b.get("text_encoder", d.text_encoder);
     b.get("decoder", d.decoder); b.get("fps", d.fps); b.get("decode_threads", d.decode_threads);
+    b.get("square_pixels", d.square_pixels); b.get("encode_device", d.encode_device);
     b.get("shard_mb", d.shard_mb); b.get("cache_dtype", d.cache_dtype);
     b.get("token_budget", d.token_budget); b.get("loader_threads", d.loader_threads);
     b.get("prefetch", d.prefetch);
@@ -283,6 +290,8 @@ void validate_config(const Config& c) {
               d.codec, "\")");
   VIDIT_CHECK(d.text_encoder == "demo" || d.text_encoder == "precomputed", f,
               ": data.text_encoder must be \"demo\" or \"precomputed\" (got \"", d.text_encoder, "\")");
+  VIDIT_CHECK(d.encode_device == "auto" || d.encode_device == "cpu" || d.encode_device == "cuda", f,
+              ": data.encode_device must be \"auto\", \"cpu\" or \"cuda\" (got \"", d.encode_device, "\")");
   VIDIT_CHECK(d.decoder == "auto" || d.decoder == "cpu" || d.decoder == "nvdec", f,
               ": data.decoder must be \"auto\", \"cpu\" or \"nvdec\" (got \"", d.decoder, "\")");
   VIDIT_CHECK(d.cache_dtype == "bf16" || d.cache_dtype == "fp32", f,
@@ -359,6 +368,7 @@ std::string config_to_toml(const Config& c) {
      << "\nmanifest = " << s(d.manifest) << "\ncache_dir = " << s(d.cache_dir) << "\ncodec = " << s(d.codec)
      << "\nvae_weights = " << s(d.vae_weights) << "\ntext_encoder = " << s(d.text_encoder)
      << "\ndecoder = " << s(d.decoder) << "\nfps = " << d.fps << "\ndecode_threads = " << d.decode_threads
+     << "\nsquare_pixels = " << (d.square_pixels ? "true" : "false") << "\nencode_device = " << s(d.encode_device)
      << "\nshard_mb = " << d.shard_mb << "\ncache_dtype = " << s(d.cache_dtype)
      << "\ntoken_budget = " << d.token_budget << "\nloader_threads = " << d.loader_threads
      << "\nprefetch = " << d.prefetch;

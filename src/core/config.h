@@ -44,6 +44,8 @@ struct DataConfig {
   std::string decoder = "auto";      // "auto" (NVDEC when a GPU is there, else CPU), "cpu", "nvdec"
   double fps = 0;                    // resample clips to this frame rate; 0 keeps the source rate
   int64_t decode_threads = 0;        // FFmpeg decode threads per clip; 0 = auto
+  bool square_pixels = true;         // stretch non-square-pixel (anamorphic) video to square pixels
+  std::string encode_device = "auto";  // where the VAE encodes: "auto" (CUDA when present), "cpu", "cuda"
   int64_t shard_mb = 1024;           // cache shard size
   std::string cache_dtype = "bf16";  // storage of latent mean / std: "bf16" or "fp32"
   // --- loading the cache ---

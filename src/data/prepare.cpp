@@ -91,7 +91,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   opt.target_fps = d.fps;
   opt.threads = int(d.decode_threads);
   opt.device = parse_decode_device(d.decoder, "data.decoder");
-  opt.square_pixels = true;
+  opt.square_pixels = cfg.data.square_pixels;
   const int64_t longest = *std::max_element(cfg.buckets.frames.begin(), cfg.buckets.frames.end());
   for (size_t i = size_t(worker); i < manifest.entries.size(); i += size_t(workers)) {
     const ManifestEntry& e = manifest.entries[i];

@@ -22,10 +22,15 @@ struct ProcessResult {
   double seconds = 0;
 };
 
+// Runs `command` without the launcher variables of the test's own environment (a test run
+// inside a Slurm or torchrun job must not make its children join that job).
 inline ProcessResult run_process(const std::string& command) {
   ProcessResult r;
   const auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  const std::string clean =
+      "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS "
+      "-u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE ";
+  FILE* p = popen((clean + command + " 2>&1").c_str(), "r");
   if (!p) return r;
   char buf[4096];
   size_t n;

@@ -19,6 +19,9 @@
 #include "demo/caption_embedder.h"
 #include "demo/demo_codec.h"
 #include "demo/demo_data.h"
+#include "dist/comm.h"
+#include "dist/launch_env.h"
+#include "dist/mesh.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
@@ -47,29 +50,47 @@ int cmd_info(const CommonOpts& o) {
 
 int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
   Config cfg = load_config(o.config, o.sets);
-  std::printf("vidit train: resolved config (%s)\n%s\n%s\n", cfg.source.c_str(), config_to_toml(cfg).c_str(),
-              format_info(cfg, model_info(cfg)).c_str());
+  // Distributed: the launcher's environment says who we are; a mesh that cannot fit is refused
+  // before MPI starts.
+  const LaunchEnv env = detect_launch_env();
+  validate_mesh(cfg, env.world);
+  auto mesh = std::make_shared<Mesh>(cfg, make_world_comm(env));
+  const bool lead = mesh->rank() == 0;
+  const int dp_rank = mesh->coord("dp"), dp = mesh->degree("dp");
+  if (lead) {
+    std::printf("vidit train: resolved config (%s)\n%s\n%s\n", cfg.source.c_str(), config_to_toml(cfg).c_str(),
+                format_info(cfg, model_info(cfg)).c_str());
+    if (env.world > 1)
+      std::printf("distributed: %d processes (%s, %s), data parallel over %d\n", env.world, env.launcher.c_str(),
+                  mesh->world()->backend().c_str(), dp);
+  }
   std::shared_ptr<BatchSource> data;
   if (cfg.data.source == "demo") {
-    data = demo::prepare_demo_data(cfg, cfg.train.out_dir).loader;
+    // Each rank renders the (deterministic) demo videos and caches them in its own folder.
+    const std::string dir = lead ? cfg.train.out_dir : cfg.train.out_dir + "/rank" + std::to_string(mesh->rank());
+    data = demo::prepare_demo_data(cfg, dir, dp_rank, dp).loader;
   } else if (cfg.data.source == "cache") {
     auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
-    auto loader = std::make_shared<CacheLoader>(cache, cfg);
-    std::printf("latent cache %s: %lld samples in %zu buckets, %lld tokens per batch\n", cfg.data.cache_dir.c_str(),
-                (long long)cache->size(), loader->bucket_names().size(), (long long)loader->token_budget());
+    auto loader = std::make_shared<CacheLoader>(cache, cfg, dp_rank, dp);
+    if (lead)
+      std::printf("latent cache %s: %lld samples in %zu buckets, %lld tokens per batch\n", cfg.data.cache_dir.c_str(),
+                  (long long)cache->size(), loader->bucket_names().size(), (long long)loader->token_budget());
     data = loader;
   } else {
     data = std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed),
-                                              cfg.train.seed);
+                                              cfg.train.seed, dp_rank, dp);
   }
-  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
+  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), at::kCPU,
+                  env.world > 1 ? mesh : nullptr);
   if (resume) {
-    if (trainer.resume()) std::printf("resumed from step %lld\n", (long long)trainer.steps_done());
-    else std::printf("no checkpoint in %s/checkpoints: starting from step 0\n", cfg.train.out_dir.c_str());
+    const bool found = trainer.resume();
+    if (lead && found) std::printf("resumed from step %lld\n", (long long)trainer.steps_done());
+    else if (lead) std::printf("no checkpoint in %s/checkpoints: starting from step 0\n", cfg.train.out_dir.c_str());
   }
   auto losses = trainer.fit(max_steps);
-  std::printf("done: %lld steps, final loss %.6f, checkpoint in %s/checkpoints\n",
-              (long long)trainer.steps_done(), losses.empty() ? 0.0 : losses.back(), cfg.train.out_dir.c_str());
+  if (lead)
+    std::printf("done: %lld steps, final loss %.9g, checkpoint in %s/checkpoints\n", (long long)trainer.steps_done(),
+                losses.empty() ? 0.0 : losses.back(), cfg.train.out_dir.c_str());
   return 0;
 }
 
@@ -105,10 +126,8 @@ int cmd_sample(const CommonOpts& o, std::string checkpoint, const std::vector<st
 // environment (OpenMPI, Slurm, torchrun), else 0 of 1.
 std::pair<int, int> prepare_slice(int worker, int workers) {
   if (workers > 0) return {worker, workers};
-  for (auto [r, n] : {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
-                      std::pair{"RANK", "WORLD_SIZE"}})
-    if (std::getenv(r) && std::getenv(n)) return {std::atoi(std::getenv(r)), std::atoi(std::getenv(n))};
-  return {0, 1};
+  LaunchEnv env = detect_launch_env();
+  return {env.rank, env.world};
 }
 
 int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, bool verify) {
@@ -194,9 +213,11 @@ int main(int argc, char** argv) {
     if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    abort_world(2);  // the other ranks may wait in a collective: end them too
     return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "error (torch): %s\n", e.what_without_backtrace());
+    abort_world(2);
     return 2;
   }
   return 1;

@@ -132,7 +132,8 @@ class Binder {
   std::vector<std::string> known_;
 };
 
-const std::vector<std::string> kSections = {"model", "data", "buckets", "diffusion", "train", "sample", "demo"};
+const std::vector<std::string> kSections = {"model", "data", "buckets", "diffusion", "train", "sample", "demo",
+                                            "parallel"};
 
 void apply_override(toml::table& root, const std::string& item) {
   auto eq = item.find('=');
@@ -252,6 +253,13 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("eval_every", d.eval_every);
     b.finish();
   }
+  {
+    Binder b(root, "parallel", source);
+    auto& p = c.parallel;
+    b.get("replicate", p.replicate); b.get("shard", p.shard); b.get("tensor", p.tensor);
+    b.get("ulysses", p.ulysses); b.get("ring", p.ring); b.get("bucket_mb", p.bucket_mb);
+    b.finish();
+  }
   validate_config(c);
   return c;
 }
@@ -337,6 +345,11 @@ void validate_config(const Config& c) {
   positive("demo.frames", dm.frames); positive("demo.codec_block", dm.codec_block);
   positive("demo.text_dim", dm.text_dim); positive("demo.samples_per_prompt", dm.samples_per_prompt);
   VIDIT_CHECK(dm.eval_every >= 0, f, ": demo.eval_every must be >= 0 (got ", dm.eval_every, ")");
+  const auto& pc = c.parallel;
+  positive("parallel.replicate", pc.replicate); positive("parallel.shard", pc.shard);
+  positive("parallel.tensor", pc.tensor); positive("parallel.ulysses", pc.ulysses);
+  positive("parallel.ring", pc.ring);
+  VIDIT_CHECK(pc.bucket_mb > 0, f, ": parallel.bucket_mb must be > 0 (got ", pc.bucket_mb, ")");
   if (d.source == "demo") {
     VIDIT_CHECK(dm.frame_size % dm.codec_block == 0, f, ": demo.frame_size (", dm.frame_size,
                 ") must be divisible by demo.codec_block (", dm.codec_block, ")");
@@ -403,7 +416,10 @@ std::string config_to_toml(const Config& c) {
   os << "\n\n[demo]\nvideos = " << dm.videos << "\nframe_size = " << dm.frame_size
      << "\nframes = " << dm.frames << "\ncodec_block = " << dm.codec_block
      << "\ntext_dim = " << dm.text_dim << "\nsamples_per_prompt = " << dm.samples_per_prompt
-     << "\neval_every = " << dm.eval_every << "\n";
+     << "\neval_every = " << dm.eval_every;
+  const auto& pc = c.parallel;
+  os << "\n\n[parallel]\nreplicate = " << pc.replicate << "\nshard = " << pc.shard << "\ntensor = " << pc.tensor
+     << "\nulysses = " << pc.ulysses << "\nring = " << pc.ring << "\nbucket_mb = " << pc.bucket_mb << "\n";
   return os.str();
 }
 

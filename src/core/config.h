@@ -116,6 +116,18 @@ struct DemoConfig {
   int64_t eval_every = 0;         // also check held-out adherence every N training steps; 0: at the end only
 };
 
+// How the processes of a run are arranged (src/dist/mesh.h): a mesh of degrees replicate x shard x
+// tensor x ulysses x ring whose product is the number of processes. Data parallel today: the
+// data-parallel degree is replicate x shard (shard as plain data parallel until FSDP lands).
+struct ParallelConfig {
+  int64_t replicate = 1;  // data-parallel replicas (DDP / the replicate dim of HSDP)
+  int64_t shard = 1;      // data-parallel ranks that will shard parameters (FSDP; plain DP for now)
+  int64_t tensor = 1;     // tensor parallel (heads and MLP split); divides model.heads and model.ffn_dim
+  int64_t ulysses = 1;    // Ulysses sequence parallel (all-to-all over heads); divides model.heads
+  int64_t ring = 1;       // ring-attention context parallel (K/V passed around a ring)
+  double bucket_mb = 25;  // data parallel: gradients are all-reduced in buckets of about this many MiB
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -124,6 +136,7 @@ struct Config {
   TrainConfig train;
   SampleConfig sample;
   DemoConfig demo;
+  ParallelConfig parallel;
   std::string source;  // file it came from (for messages)
 };
 

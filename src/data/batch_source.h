@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "core/error.h"
 #include "data/dataset.h"
 #include "data/epoch_sampler.h"
 
@@ -19,6 +20,12 @@ struct MicroBatch {
                           // (B may be 0 for an idle rank)
   at::Tensor latent_std;  // undefined, or [B, C, T, H, W]: the trainer draws latents + std * noise
   at::Tensor texts;       // [B, Lt, D] fp32
+  // Data parallel: this batch is rows [row_offset, row_offset + B) of a global batch of
+  // global_rows samples spread over the ranks (0: the batch is this rank's own). The trainer draws
+  // the global batch's noise and timesteps and keeps its rows, so every sample gets the random
+  // numbers it would get in a single-process run.
+  int64_t global_rows = 0;
+  int64_t row_offset = 0;
 };
 
 class BatchSource {
@@ -28,22 +35,35 @@ class BatchSource {
   virtual MicroBatch next(int64_t batch_size) = 0;
   virtual SamplerState state() const = 0;
   virtual void set_state(const SamplerState& s) = 0;
+  // True when every data-parallel rank's batches are slices of one global batch (global_rows set);
+  // otherwise each rank's batches are its own and it needs its own random stream.
+  virtual bool slices_global_batch() const { return false; }
 };
 
+// Data parallel: every rank draws the same global batch of `batch_size` indices and loads only
+// its slice (rank `rank` of `ranks`, batch_size / ranks samples each).
 class EpochBatchSource : public BatchSource {
  public:
-  EpochBatchSource(std::shared_ptr<const Dataset> data, uint64_t seed)
-      : data_(std::move(data)), sampler_(data_->size(), seed) {}
+  EpochBatchSource(std::shared_ptr<const Dataset> data, uint64_t seed, int rank = 0, int ranks = 1)
+      : data_(std::move(data)), sampler_(data_->size(), seed), rank_(rank), ranks_(ranks) {}
   MicroBatch next(int64_t batch_size) override {
-    auto [x, t] = data_->batch(sampler_.next(batch_size));
-    return {x, at::Tensor(), t};
+    VIDIT_CHECK(batch_size % ranks_ == 0, "train.batch_size (", batch_size,
+                ") is the global batch and must be divisible by the data-parallel degree ",
+                "parallel.replicate x parallel.shard = ", ranks_);
+    const int64_t per_rank = batch_size / ranks_;
+    std::vector<int64_t> all = sampler_.next(batch_size);
+    std::vector<int64_t> mine(all.begin() + rank_ * per_rank, all.begin() + (rank_ + 1) * per_rank);
+    auto [x, t] = data_->batch(mine);
+    return {x, at::Tensor(), t, batch_size, rank_ * per_rank};
   }
   SamplerState state() const override { return sampler_.state(); }
   void set_state(const SamplerState& s) override { sampler_.set_state(s); }
+  bool slices_global_batch() const override { return true; }
 
  private:
   std::shared_ptr<const Dataset> data_;
   EpochSampler sampler_;
+  int rank_, ranks_;
 };
 
 }  // namespace vidit

@@ -48,7 +48,7 @@ std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& d
   return out;
 }
 
-DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir) {
+DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir, int rank, int world) {
   const auto& d = cfg.demo;
   VIDIT_CHECK(cfg.data.codec == "demo" && cfg.data.text_encoder == "demo", cfg.source,
               ": the demo caches with data.codec = \"demo\" and data.text_encoder = \"demo\" (got \"",
@@ -73,7 +73,7 @@ DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir) {
   auto cache = std::make_shared<LatentCache>(c.data.cache_dir);
   VIDIT_CHECK(cache->size() > 0, "none of the ", out.videos.size(), " demo videos could be cached; see ",
               c.data.cache_dir, "/rejects.jsonl");
-  out.loader = std::make_shared<CacheLoader>(cache, c);
+  out.loader = std::make_shared<CacheLoader>(cache, c, rank, world);
   return out;
 }
 

@@ -30,7 +30,8 @@ struct DemoData {
   std::shared_ptr<CacheLoader> loader;
 };
 // Videos in <out_dir>/videos, cache in <out_dir>/cache (rebuilt). Needs data.codec = "demo",
-// data.text_encoder = "demo" and a demo.frames x demo.frame_size^2 bucket.
-DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir);
+// data.text_encoder = "demo" and a demo.frames x demo.frame_size^2 bucket. The loader reads the
+// part of each global batch that data-parallel rank `rank` of `world` trains on.
+DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir, int rank = 0, int world = 1);
 
 }  // namespace vidit::demo

@@ -26,10 +26,15 @@ at::Tensor flow_loss(const at::Tensor& pred, const at::Tensor& target) {
   return at::mse_loss(pred.to(at::kFloat), target.to(at::kFloat));
 }
 
-at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, double p, at::Generator& gen) {
-  at::Tensor keep = at::rand({text.size(0)}, gen, at::kFloat) >= p;  // [B]
+at::Tensor sample_text_keep(int64_t B, double p, at::Generator& gen) { return at::rand({B}, gen, at::kFloat) >= p; }
+
+at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, const at::Tensor& keep) {
   at::Tensor null = null_text.dim() == 2 ? null_text.unsqueeze(0) : null_text;
   return at::where(keep.view({-1, 1, 1}).to(text.device()), text, null.to(text.options()));
+}
+
+at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, double p, at::Generator& gen) {
+  return drop_text(text, null_text, sample_text_keep(text.size(0), p, gen));
 }
 
 }  // namespace vidit

@@ -29,5 +29,9 @@ at::Tensor flow_loss(const at::Tensor& pred, const at::Tensor& target);
 // Replaces each sample's text with `null_text` with probability p (classifier-free guidance
 // training). text [B, Lt, D]; null_text [Lt, D] or [1, Lt, D].
 at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, double p, at::Generator& gen);
+// The same in two parts: which of B samples keep their caption ([B] bool, true with probability
+// 1 - p; the draws drop_text makes), and the replacement given that mask.
+at::Tensor sample_text_keep(int64_t B, double p, at::Generator& gen);
+at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, const at::Tensor& keep);
 
 }  // namespace vidit

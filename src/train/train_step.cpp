@@ -1,5 +1,6 @@
 // One optimizer step, top to bottom: learning rate -> micro-batches (data, flow-matching
-// noising, caption dropout, forward under autocast, loss, backward) -> clip -> AdamW -> EMA.
+// noising, caption dropout, forward under autocast, loss, backward) -> gradient average over the
+// data-parallel ranks -> clip -> AdamW -> EMA.
 #include <chrono>
 
 #include "diffusion/flow_matching.h"
@@ -24,16 +25,23 @@ StepResult Trainer::step() {
     while (mb.latents.size(0) == 0) mb = data_->next(tc.batch_size);
     at::Tensor x0 = mb.latents.to(at::kFloat), text = mb.texts;
     const int64_t B = x0.size(0);
+    // Random numbers are drawn for the whole global batch (data parallel: this rank keeps its
+    // rows), so each sample gets the same ones whatever the number of ranks.
+    const int64_t global = mb.global_rows > 0 ? mb.global_rows : B;
+    auto rows = [&](const at::Tensor& t) { return global == B ? t : t.narrow(0, mb.row_offset, B); };
+    std::vector<int64_t> global_shape = x0.sizes().vec();
+    global_shape[0] = global;
     // Cached VAE posteriors: draw the latent, mean + std * noise.
-    if (mb.latent_std.defined()) x0 = x0 + mb.latent_std.to(at::kFloat) * at::randn(x0.sizes(), gen_, at::kFloat);
+    if (mb.latent_std.defined())
+      x0 = x0 + mb.latent_std.to(at::kFloat) * rows(at::randn(global_shape, gen_, at::kFloat));
     samples += B;
     tokens += B * (x0.size(2) / cfg_.model.patch[0]) * (x0.size(3) / cfg_.model.patch[1]) *
               (x0.size(4) / cfg_.model.patch[2]);
     flops += double(B) * sample_flops(x0);
     // Flow matching: sigma per sample, x_t = (1 - sigma) x0 + sigma eps, target eps - x0.
-    at::Tensor sigma = sample_sigmas(B, cfg_.diffusion, gen_);
-    at::Tensor noise = at::randn(x0.sizes(), gen_, at::kFloat);
-    text = drop_text(text, null_text_, cfg_.diffusion.text_drop_prob, gen_);
+    at::Tensor sigma = rows(sample_sigmas(global, cfg_.diffusion, gen_));
+    at::Tensor noise = rows(at::randn(global_shape, gen_, at::kFloat));
+    text = drop_text(text, null_text_, rows(sample_text_keep(global, cfg_.diffusion.text_drop_prob, gen_)));
     // Pinned host batches (the cache loader on a GPU machine) copy asynchronously.
     auto dev = [&](const at::Tensor& t) { return t.to(device_, t.scalar_type(), /*non_blocking=*/t.is_pinned()); };
     FlowSample fs = make_flow_sample(dev(x0), dev(noise), dev(sigma));
@@ -44,8 +52,19 @@ StepResult Trainer::step() {
       pred = model_->forward(fs.x_t, fs.timestep, dev(text));
     }
     at::Tensor loss = flow_loss(pred, fs.target) / double(tc.grad_accum);
+    // Data parallel: the last backward launches the gradient all-reduces as buckets complete.
+    if (dp_ && micro == tc.grad_accum - 1) dp_->begin();
     loss.backward();
     loss_sum += loss.item<double>();
+  }
+  if (dp_) {
+    dp_->finish();  // every rank now holds the gradient of the global batch's mean loss
+    // Logged numbers are global: mean loss; samples, tokens and FLOPs summed over the ranks.
+    at::Tensor totals = at::tensor({loss_sum, double(samples), double(tokens), flops}, at::kDouble);
+    dp_->comm()->all_reduce(totals, ReduceOp::Sum)->wait();
+    loss_sum = totals[0].item<double>() / dp_->comm()->size();
+    samples = int64_t(totals[1].item<double>()), tokens = int64_t(totals[2].item<double>());
+    flops = totals[3].item<double>();
   }
 
   const double grad_norm = clip_grad_norm(param_list_, tc.grad_clip);

@@ -12,17 +12,27 @@
 namespace vidit {
 
 Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
-                 at::Device device)
-    : Trainer(cfg, std::make_shared<EpochBatchSource>(std::move(data), cfg.train.seed), std::move(null_text),
-              device) {}
+                 at::Device device, std::shared_ptr<const Mesh> mesh)
+    : Trainer(cfg,
+              std::make_shared<EpochBatchSource>(std::move(data), cfg.train.seed, mesh ? mesh->coord("dp") : 0,
+                                                 mesh ? mesh->degree("dp") : 1),
+              std::move(null_text), device, mesh) {}
 
-Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text, at::Device device)
+// Ranks whose batches are their own (not slices of a global batch) draw from their own stream.
+static uint64_t noise_seed(const Config& cfg, const BatchSource& source, const Mesh* mesh) {
+  const int dp_rank = mesh ? mesh->coord("dp") : 0;
+  return cfg.train.seed + 1 + (source.slices_global_batch() ? 0 : 1000003ull * uint64_t(dp_rank));
+}
+
+Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text, at::Device device,
+                 std::shared_ptr<const Mesh> mesh)
     : cfg_(cfg),
       data_(std::move(source)),
       null_text_(std::move(null_text)),
       device_(device),
-      gen_(at::make_generator<at::CPUGeneratorImpl>(cfg.train.seed + 1)),
-      info_(model_info(cfg)) {
+      gen_(at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg, *data_, mesh.get()))),
+      info_(model_info(cfg)),
+      mesh_(std::move(mesh)) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   torch::manual_seed(cfg.train.seed);
   model_ = DiT(cfg.model);
@@ -34,12 +44,14 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     params_[item.key()] = item.value();
     param_list_.push_back(item.value());
   }
+  if (mesh_) dp_ = apply_data_parallel(param_list_, *mesh_, cfg.parallel);
   opt_ = std::make_unique<AdamW>(params_, AdamWOptions{cfg.train.beta1, cfg.train.beta2,
                                                        cfg.train.adam_eps, cfg.train.weight_decay});
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(params_, cfg.train.ema_decay);
 }
 
 std::string Trainer::save() {
+  if (!is_lead()) return {};
   CheckpointState s;
   s.step = step_;
   s.model = params_;
@@ -90,18 +102,21 @@ bool Trainer::resume() {
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
   const int64_t total = cfg_.train.steps;
   const int64_t until = until_step < 0 ? total : std::min(until_step, total);
-  std::filesystem::create_directories(cfg_.train.out_dir);
-  MetricsLogger logger(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console);
+  std::unique_ptr<MetricsLogger> logger;
+  if (is_lead()) {
+    std::filesystem::create_directories(cfg_.train.out_dir);
+    logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console);
+  }
   std::vector<double> losses;
   while (step_ < until) {
     StepResult r = step();
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
-    if (r.step % cfg_.train.log_every == 0 || r.step == until) {
+    if (logger && (r.step % cfg_.train.log_every == 0 || r.step == until)) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
-      logger.log(m);
+      logger->log(m);
     }
     if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until) save();
     if (after_step) after_step(r);

@@ -1,6 +1,13 @@
-// The single-process trainer: owns the model, AdamW, EMA, the data sampler and the RNG, and
-// runs optimizer steps (train_step.cpp), logging and checkpointing. Deterministic for a seed:
-// on the CPU a run resumed from a checkpoint reproduces the uninterrupted run bit for bit.
+// The trainer: owns the model, AdamW, EMA, the data sampler and the RNG, and runs optimizer steps
+// (train_step.cpp), logging and checkpointing. Deterministic for a seed: on the CPU a run resumed
+// from a checkpoint reproduces the uninterrupted run bit for bit.
+//
+// Distributed: given a Mesh, the model is made data parallel over its "dp" group
+// (dist/data_parallel.h). train.batch_size is then the global batch: each dp rank trains on its
+// slice, draws the same noise and timesteps for its samples as a single process would, and the
+// averaged gradients make every rank take the same step, so N ranks reproduce the single-process
+// run (to fp32 rounding). Logged numbers are global; only rank 0 writes checkpoints, metrics and
+// console lines.
 #pragma once
 #include <functional>
 #include <memory>
@@ -9,6 +16,8 @@
 #include "core/config.h"
 #include "data/batch_source.h"
 #include "data/dataset.h"
+#include "dist/data_parallel.h"
+#include "dist/mesh.h"
 #include "model/dit.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
@@ -32,11 +41,15 @@ class Trainer {
  public:
   // `null_text` [Lt, text_dim]: the embedding used when the caption is dropped (CFG).
   // Reads `data` through an EpochSampler (fixed-shape samples).
+  // `mesh`: the processes of a distributed run (nullptr: a single process). Construction is then
+  // collective over the mesh (parameters are broadcast from rank 0).
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
-          at::Device device = at::kCPU);
-  // Reads any batch source, e.g. the latent cache's bucketed loader (variable shapes).
+          at::Device device = at::kCPU, std::shared_ptr<const Mesh> mesh = nullptr);
+  // Reads any batch source, e.g. the latent cache's bucketed loader (variable shapes). Under data
+  // parallel the source gives this rank's batches (EpochBatchSource / CacheLoader with the dp
+  // rank and degree).
   Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text,
-          at::Device device = at::kCPU);
+          at::Device device = at::kCPU, std::shared_ptr<const Mesh> mesh = nullptr);
 
   // Loads the newest checkpoint under cfg.train.out_dir; returns false when there is none.
   bool resume();
@@ -49,8 +62,10 @@ class Trainer {
   // `after_step`, when given, runs after every step (e.g. a periodic evaluation).
   using StepHook = std::function<void(const StepResult&)>;
   std::vector<double> fit(int64_t until_step = -1, bool console = true, const StepHook& after_step = {});
-  // Writes a checkpoint now; returns its directory.
+  // Writes a checkpoint now (rank 0 only; other ranks write nothing); returns its directory.
   std::string save();
+  // Rank 0 of the mesh, or a single process: the one that writes.
+  bool is_lead() const { return !mesh_ || mesh_->rank() == 0; }
 
   int64_t steps_done() const { return step_; }
   DiT& model() { return model_; }
@@ -71,6 +86,8 @@ class Trainer {
   ModelInfo info_;
   double sample_flops(const at::Tensor& latents);  // per sample of this shape
   int64_t step_ = 0;
+  std::shared_ptr<const Mesh> mesh_;
+  std::unique_ptr<DataParallel> dp_;  // null in a single process
 };
 
 }  // namespace vidit

@@ -1,0 +1,68 @@
+// Data parallel (DDP): every rank of the "dp" group holds the whole model, trains on its own part
+// of the global batch, and after backward the gradients are averaged over the group so every
+// rank takes the same optimizer step.
+//
+// Gradients travel in buckets (flat buffers of about `bucket_bytes`, parameters in reverse
+// registration order, roughly the order backward finishes them): fewer, larger messages. During
+// the last micro-batch's backward a hook fires as each parameter's gradient is final (after
+// accumulation); when a bucket's gradients are all final its all-reduce is launched at once
+// (asynchronously) while backward goes on with earlier layers. finish() launches what is left
+// (parameters that got no gradient count as zero), waits, and writes the averages into .grad.
+//
+// The model knows nothing of this: the trainer calls begin() before the last micro-batch's
+// backward and finish() after it.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+#include "dist/mesh.h"
+
+namespace vidit {
+
+class DataParallel {
+ public:
+  // Broadcasts the parameters from dp rank 0 (replicas start identical) and installs the hooks.
+  // `params` are leaf tensors that require grad; they outlive this object.
+  DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm> dp, int64_t bucket_bytes = 25 << 20);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Arms the hooks for the backward pass that completes the gradients (the last micro-batch).
+  void begin();
+  // Launches the remaining buckets, waits for all, writes the averaged gradients. Every rank
+  // must call it once per step.
+  void finish();
+
+  const std::shared_ptr<Comm>& comm() const { return dp_; }
+  int64_t buckets() const { return int64_t(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<int> params;  // indices into params_
+    std::vector<int64_t> offsets;
+    at::Tensor flat;
+    int ready = 0;
+    WorkPtr work;
+  };
+  void on_grad_ready(int param);
+  void launch(Bucket& b);
+
+  std::vector<at::Tensor> params_;
+  std::shared_ptr<Comm> dp_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;
+  size_t next_launch_ = 0;  // buckets are launched in index order
+  bool armed_ = false;
+};
+
+// Data parallel over the mesh's "dp" group (replicate x shard, shard as plain data parallel until
+// FSDP lands), in buckets of parallel.bucket_mb. Refuses the degrees this build cannot train yet
+// (tensor, ulysses, ring > 1). Returns nullptr for a 1-process dp group.
+std::unique_ptr<DataParallel> apply_data_parallel(const std::vector<at::Tensor>& params, const Mesh& mesh,
+                                                  const ParallelConfig& cfg);
+
+}  // namespace vidit

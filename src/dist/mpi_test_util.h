@@ -1,0 +1,98 @@
+// Test helpers for real multi-process runs: start `mpirun --oversubscribe -np N` (as root too)
+// on a command, capture its output, exit status and wall time. A worker test (suite MpiWorker)
+// runs only inside such a launch: it skips unless VIDIT_MPI_WORKER is set, so the driver test
+// that launches it is what CTest runs.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "dist/comm.h"
+
+namespace vidit::test {
+
+struct ProcessResult {
+  int status = -1;     // exit status (timeout(1) gives 124 when it had to kill the launch)
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+
+// Runs `command` without the launcher variables of the test's own environment (a test run
+// inside a Slurm or torchrun job must not make its children join that job).
+inline ProcessResult run_process(const std::string& command) {
+  ProcessResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string clean =
+      "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS "
+      "-u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE ";
+  FILE* p = popen((clean + command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// The mpirun launcher, or "" (with the reason in *why) when this build or machine has none.
+inline std::string mpi_launcher(std::string* why) {
+#ifdef VIDIT_MPIEXEC
+  std::string exe = VIDIT_MPIEXEC;
+#else
+  std::string exe;
+#endif
+  if (!have_mpi()) *why = "built without MPI (install openmpi-bin libopenmpi-dev and reconfigure)";
+  else if (exe.empty() || !std::filesystem::exists(exe)) *why = "mpirun was not found at configure time";
+  else return exe;
+  return "";
+}
+
+// `np` processes of `command` under mpirun, killed after `limit_s` seconds (then status 124).
+inline ProcessResult mpirun(int np, const std::string& command, int limit_s = 120) {
+  std::string why, exe = mpi_launcher(&why);
+  return run_process("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 VIDIT_MPI_WORKER=1 "
+                     "OMPI_MCA_btl=self,vader timeout -k 5 " + std::to_string(limit_s) + " " + exe +
+                     " --oversubscribe --bind-to none -np " + std::to_string(np) + " " + command);
+}
+
+// This test binary running one worker test under mpirun.
+inline ProcessResult mpirun_worker(int np, const std::string& test, const std::string& env = "",
+                                   int limit_s = 120) {
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  return mpirun(np, (env.empty() ? "" : "env " + env + " ") + self + " --gtest_color=no --gtest_filter=" + test, limit_s);
+}
+
+// Every rank ran the worker and it passed (not skipped).
+inline void expect_workers_passed(const ProcessResult& r, int np) {
+  EXPECT_EQ(r.status, 0) << r.output;
+  size_t count = 0;
+  for (size_t at = r.output.find("[  PASSED  ] 1 test"); at != std::string::npos;
+       at = r.output.find("[  PASSED  ] 1 test", at + 1))
+    ++count;
+  EXPECT_EQ(count, size_t(np)) << r.output;
+  EXPECT_EQ(r.output.find("SKIPPED"), std::string::npos) << r.output;
+}
+
+inline bool in_mpi_worker() { return std::getenv("VIDIT_MPI_WORKER") != nullptr; }
+
+}  // namespace vidit::test
+
+// First line of a driver test: skips with the reason when MPI is not available.
+#define VIDIT_REQUIRE_MPI()                                  \
+  do {                                                       \
+    std::string why_;                                        \
+    if (::vidit::test::mpi_launcher(&why_).empty()) GTEST_SKIP() << why_; \
+  } while (0)
+
+// First line of a worker test: it runs only under a driver's mpirun.
+#define VIDIT_MPI_WORKER_ONLY()                                                              \
+  do {                                                                                       \
+    if (!::vidit::test::in_mpi_worker()) GTEST_SKIP() << "runs under mpirun from its driver test"; \
+  } while (0)

@@ -16,14 +16,6 @@ std::pair<at::Tensor, at::Tensor> Dataset::batch(const std::vector<int64_t>& ind
   return {at::stack(lat), at::stack(txt)};
 }
 
-TensorDataset::TensorDataset(at::Tensor latents, at::Tensor texts)
-    : latents_(std::move(latents)), texts_(std::move(texts)) {
-  VIDIT_CHECK(latents_.dim() == 5 && texts_.dim() == 3 && latents_.size(0) == texts_.size(0) &&
-                  latents_.size(0) > 0,
-              "TensorDataset: need latents [N, C, T, H, W] and texts [N, Lt, D] with N > 0, got ",
-              latents_.sizes(), " and ", texts_.sizes());
-}
-
 SyntheticDataset::SyntheticDataset(const Config& c, int64_t size, uint64_t seed)
     : latent_shape_{c.model.in_channels, c.data.latent_frames, c.data.latent_height, c.data.latent_width},
       text_shape_{c.model.text_len, c.model.text_dim},

@@ -24,17 +24,6 @@ class Dataset {
   std::pair<at::Tensor, at::Tensor> batch(const std::vector<int64_t>& indices) const;
 };
 
-// Samples held in memory (the demo's encoded clips).
-class TensorDataset : public Dataset {
- public:
-  TensorDataset(at::Tensor latents, at::Tensor texts);  // [N, C, T, H, W], [N, Lt, D]
-  int64_t size() const override { return latents_.size(0); }
-  Sample get(int64_t i) const override { return {latents_[i], texts_[i]}; }
-
- private:
-  at::Tensor latents_, texts_;
-};
-
 // Random latents and texts, a pure function of (seed, index): for benchmarks and for smoke
 // runs of large presets without data.
 class SyntheticDataset : public Dataset {

@@ -250,7 +250,7 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("videos", d.videos); b.get("frame_size", d.frame_size); b.get("frames", d.frames);
     b.get("codec_block", d.codec_block); b.get("text_dim", d.text_dim);
     b.get("samples_per_prompt", d.samples_per_prompt);
-    b.get("eval_every", d.eval_every);
+    b.get("eval_every", d.eval_every); b.get("colourless_captions", d.colourless_captions);
     b.finish();
   }
   {
@@ -345,6 +345,8 @@ void validate_config(const Config& c) {
   positive("demo.frames", dm.frames); positive("demo.codec_block", dm.codec_block);
   positive("demo.text_dim", dm.text_dim); positive("demo.samples_per_prompt", dm.samples_per_prompt);
   VIDIT_CHECK(dm.eval_every >= 0, f, ": demo.eval_every must be >= 0 (got ", dm.eval_every, ")");
+  VIDIT_CHECK(dm.colourless_captions >= 0 && dm.colourless_captions <= 1, f,
+              ": demo.colourless_captions must be in [0, 1] (got ", dm.colourless_captions, ")");
   const auto& pc = c.parallel;
   positive("parallel.replicate", pc.replicate); positive("parallel.shard", pc.shard);
   positive("parallel.tensor", pc.tensor); positive("parallel.ulysses", pc.ulysses);
@@ -416,7 +418,7 @@ std::string config_to_toml(const Config& c) {
   os << "\n\n[demo]\nvideos = " << dm.videos << "\nframe_size = " << dm.frame_size
      << "\nframes = " << dm.frames << "\ncodec_block = " << dm.codec_block
      << "\ntext_dim = " << dm.text_dim << "\nsamples_per_prompt = " << dm.samples_per_prompt
-     << "\neval_every = " << dm.eval_every;
+     << "\neval_every = " << dm.eval_every << "\ncolourless_captions = " << dm.colourless_captions;
   const auto& pc = c.parallel;
   os << "\n\n[parallel]\nreplicate = " << pc.replicate << "\nshard = " << pc.shard << "\ntensor = " << pc.tensor
      << "\nulysses = " << pc.ulysses << "\nring = " << pc.ring << "\nbucket_mb = " << pc.bucket_mb << "\n";

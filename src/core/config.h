@@ -114,6 +114,7 @@ struct DemoConfig {
   int64_t text_dim = 32;          // width of the built-in caption embedder
   int64_t samples_per_prompt = 4; // generated videos per held-out prompt in the check
   int64_t eval_every = 0;         // also check held-out adherence every N training steps; 0: at the end only
+  double colourless_captions = 0; // fraction of training clips captioned without their colour
 };
 
 // How the processes of a run are arranged (src/dist/mesh.h): a mesh of degrees replicate x shard x

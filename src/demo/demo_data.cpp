@@ -31,6 +31,10 @@ std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& d
         for (int s = 0; s < int(shape_names().size()); ++s) combos.emplace_back(c, s, dir);
 
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(cfg.train.seed + 7);
+  // Which clips leave the colour out of their caption: drawn from their own stream, so the
+  // clips themselves do not change with the fraction. Direction words then also appear apart
+  // from any colour, which keeps the model from reading a direction off the colour word.
+  at::Generator caption_gen = at::make_generator<at::CPUGeneratorImpl>(cfg.train.seed + 11);
   std::vector<VideoEntry> out;
   std::ofstream list(dir + "/captions.jsonl");
   for (int64_t i = 0; i < d.videos; ++i) {
@@ -42,7 +46,9 @@ std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& d
     std::snprintf(name, sizeof name, "clip_%04lld.mp4", static_cast<long long>(i));
     std::string path = dir + "/" + name;
     encode_video_mp4(path, render_clip(spec), 8.0, /*crf=*/10);
-    out.push_back({path, caption(spec)});
+    const bool colourless = d.colourless_captions > 0 &&
+                            at::rand({1}, caption_gen, at::kDouble).item<double>() < d.colourless_captions;
+    out.push_back({path, caption(spec, !colourless)});
     list << nlohmann::json{{"path", name}, {"caption", out.back().caption}}.dump() << "\n";  // relative to dir
   }
   return out;

@@ -33,9 +33,9 @@ const char* direction_name(Direction d) {
   return "?";
 }
 
-std::string caption(const ClipSpec& c) {
-  return std::string("a ") + palette()[c.colour].name + " " + shape_names()[c.shape] + " moving " +
-         direction_name(c.direction);
+std::string caption(const ClipSpec& c, bool with_colour) {
+  std::string colour = with_colour ? std::string(palette()[c.colour].name) + " " : "";
+  return "a " + colour + shape_names()[c.shape] + " moving " + direction_name(c.direction);
 }
 
 at::Tensor render_clip(const ClipSpec& c) {
@@ -100,6 +100,11 @@ ClipSpec random_clip(int colour, int shape, Direction d, int64_t width, int64_t 
 
 bool held_out(int colour, Direction d) {
   static const Direction pairs[4] = {Direction::Left, Direction::Right, Direction::Up, Direction::Down};
+  return pairs[colour] == d;
+}
+
+bool seen_mirror(int colour, Direction d) {
+  static const Direction pairs[4] = {Direction::Right, Direction::Left, Direction::Down, Direction::Up};
   return pairs[colour] == d;
 }
 

@@ -32,7 +32,8 @@ struct ClipSpec {
   double x0 = 16, y0 = 16;        // centre at frame 0
 };
 
-std::string caption(const ClipSpec& c);  // "a red square moving left"
+// "a red square moving left"; without the colour, "a square moving left".
+std::string caption(const ClipSpec& c, bool with_colour = true);
 
 // Renders frames [T, H, W, 3] uint8 with anti-aliased edges (supersampled 4x4).
 at::Tensor render_clip(const ClipSpec& c);
@@ -48,5 +49,10 @@ ClipSpec random_clip(int colour, int shape, Direction d, int64_t width, int64_t 
 // The (colour, direction) pairs held out of training: (red, left), (green, right),
 // (blue, up), (yellow, down). Every colour and every direction is still seen in training.
 bool held_out(int colour, Direction d);
+
+// A pair seen in training that mirrors the held-out one: (red, right), (green, left), (blue,
+// down), (yellow, up). Sampling these beside the held-out pairs separates fitting from
+// generalisation.
+bool seen_mirror(int colour, Direction d);
 
 }  // namespace vidit::demo

@@ -20,8 +20,10 @@ class GradReadyHook : public torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
-DataParallel::DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm> dp, int64_t bucket_bytes)
-    : params_(std::move(params)), dp_(std::move(dp)), bucket_of_(params_.size(), -1) {
+DataParallel::DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm> dp, int64_t bucket_bytes,
+                           double divisor)
+    : params_(std::move(params)), dp_(std::move(dp)), divisor_(divisor > 0 ? divisor : dp_->size()),
+      bucket_of_(params_.size(), -1) {
   {
     at::NoGradGuard no_grad;
     for (auto& p : params_) {
@@ -85,7 +87,7 @@ void DataParallel::launch(Bucket& b) {
     else
       slot.zero_();
   }
-  b.work = dp_->all_reduce(b.flat, ReduceOp::Avg);
+  b.work = divisor_ == dp_->size() ? dp_->all_reduce(b.flat, ReduceOp::Avg) : dp_->all_reduce(b.flat, ReduceOp::Sum);
 }
 
 void DataParallel::finish() {
@@ -96,6 +98,7 @@ void DataParallel::finish() {
   for (auto& b : buckets_) {
     b.work->wait();
     b.work = nullptr;
+    if (divisor_ != dp_->size()) b.flat.div_(divisor_);
     for (size_t k = 0; k < b.params.size(); ++k) {
       at::Tensor& p = params_[b.params[k]];
       at::Tensor avg = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
@@ -109,12 +112,13 @@ void DataParallel::finish() {
 
 std::unique_ptr<DataParallel> apply_data_parallel(const std::vector<at::Tensor>& params, const Mesh& mesh,
                                                   const ParallelConfig& cfg) {
-  for (const char* dim : {"tensor", "ulysses", "ring"})
-    VIDIT_CHECK(mesh.degree(dim) == 1, "parallel.", dim, " = ", mesh.degree(dim),
-                ": only data parallel (parallel.replicate, parallel.shard) is implemented so far; set parallel.",
-                dim, " = 1 and give its processes to parallel.replicate");
-  if (mesh.degree("dp") == 1) return nullptr;
-  return std::make_unique<DataParallel>(params, mesh.group("dp"), std::max<int64_t>(1, int64_t(cfg.bucket_mb * (1 << 20))));
+  VIDIT_CHECK(mesh.degree("tensor") == 1, "parallel.tensor = ", mesh.degree("tensor"),
+              ": tensor parallel is not implemented yet; set parallel.tensor = 1 and give its processes to "
+              "parallel.replicate, parallel.ulysses or parallel.ring");
+  const char* group = mesh.degree("sp") > 1 ? "dpsp" : "dp";
+  if (mesh.degree(group) == 1) return nullptr;
+  return std::make_unique<DataParallel>(params, mesh.group(group), std::max<int64_t>(1, int64_t(cfg.bucket_mb * (1 << 20))),
+                                        double(mesh.degree("dp")));
 }
 
 }  // namespace vidit

@@ -11,6 +11,10 @@
 //
 // The model knows nothing of this: the trainer calls begin() before the last micro-batch's
 // backward and finish() after it.
+//
+// With sequence parallelism (sequence_parallel.h) the group is "dpsp": the members of one sp
+// group hold shares of one sample's gradient, which add up, and the dp groups' results are
+// averaged; so the reduction is a sum divided by the dp degree (`divisor`), not by the group size.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -26,7 +30,10 @@ class DataParallel {
  public:
   // Broadcasts the parameters from dp rank 0 (replicas start identical) and installs the hooks.
   // `params` are leaf tensors that require grad; they outlive this object.
-  DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm> dp, int64_t bucket_bytes = 25 << 20);
+  // The reduced gradient is the sum over the group divided by `divisor` (0: the group's size, a
+  // plain average).
+  DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm> dp, int64_t bucket_bytes = 25 << 20,
+               double divisor = 0);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -53,15 +60,16 @@ class DataParallel {
 
   std::vector<at::Tensor> params_;
   std::shared_ptr<Comm> dp_;
+  double divisor_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;
   size_t next_launch_ = 0;  // buckets are launched in index order
   bool armed_ = false;
 };
 
-// Data parallel over the mesh's "dp" group (replicate x shard, shard as plain data parallel until
-// FSDP lands), in buckets of parallel.bucket_mb. Refuses the degrees this build cannot train yet
-// (tensor, ulysses, ring > 1). Returns nullptr for a 1-process dp group.
+// Gradient reduction for the mesh: over "dp" (replicate x shard, shard as plain data parallel until
+// FSDP lands), or over "dpsp" when tokens are split too, in buckets of parallel.bucket_mb.
+// Refuses what this build cannot train yet (tensor > 1). Returns nullptr for a 1-process group.
 std::unique_ptr<DataParallel> apply_data_parallel(const std::vector<at::Tensor>& params, const Mesh& mesh,
                                                   const ParallelConfig& cfg);
 

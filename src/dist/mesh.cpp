@@ -15,6 +15,7 @@ std::array<int, 5> degrees_of(const ParallelConfig& p) {
 std::vector<int> dims_of(const std::string& name) {
   if (name == "dp") return {0, 1};
   if (name == "sp") return {2, 3};
+  if (name == "dpsp") return {0, 1, 2, 3};
   for (int d = 0; d < 5; ++d)
     if (name == kMeshDims[d]) return {d};
   return {};
@@ -63,7 +64,7 @@ Mesh::Mesh(const Config& cfg, std::shared_ptr<Comm> world) : world_(std::move(wo
   int r = world_->rank();
   for (int d = 4; d >= 0; --d) coords_[d] = r % degrees_[d], r /= degrees_[d];
   // The same groups in the same order on every rank: split is collective.
-  for (const char* name : {"replicate", "shard", "ring", "ulysses", "tensor", "dp", "sp"}) {
+  for (const char* name : {"replicate", "shard", "ring", "ulysses", "tensor", "dp", "sp", "dpsp"}) {
     std::vector<int> dims = dims_of(name);
     int color = 0, key = 0;
     for (int d = 0; d < 5; ++d) {
@@ -83,7 +84,7 @@ int Mesh::coord(const std::string& name) const { return group(name)->rank(); }
 const std::shared_ptr<Comm>& Mesh::group(const std::string& name) const {
   auto it = groups_.find(name);
   VIDIT_CHECK(it != groups_.end(), "mesh: no group '", name,
-              "'; groups are replicate, shard, ring, ulysses, tensor, dp, sp");
+              "'; groups are replicate, shard, ring, ulysses, tensor, dp, sp, dpsp");
   return it->second;
 }
 

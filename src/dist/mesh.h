@@ -5,8 +5,8 @@
 //
 // Every member holds a sub-communicator per named group (made with Comm::split in one fixed
 // order, so construction is collective): one per dimension ("replicate", "shard", "tensor",
-// "ulysses", "ring") and two composites, "dp" (replicate x shard: who averages gradients) and
-// "sp" (ulysses x ring: who splits a sample's tokens).
+// "ulysses", "ring") and three composites, "dp" (replicate x shard: who hold different samples),
+// "sp" (ring x ulysses: who split a sample's tokens) and "dpsp" (both: who reduce gradients).
 //
 // validate_mesh() refuses a mesh that cannot train this config before any work starts, with a
 // message naming the keys to change.

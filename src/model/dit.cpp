@@ -111,9 +111,14 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   at::Tensor padded = at::constant_pad_nd(text, {0, 0, 0, c.text_len - text.size(1)});
   at::Tensor context = text_embedding->forward(padded);
   auto [cos, sin] = rope_tables(f, h, w, c.dim / c.heads, c.rope_theta, x.device());
+  if (token_split.scatter) {
+    tokens = token_split.scatter(tokens, 1);
+    cos = token_split.scatter(cos, 0), sin = token_split.scatter(sin, 0);
+  }
 
   for (auto& b : *blocks) tokens = b->as<DiTBlockImpl>()->forward(tokens, e0, context, cos, sin);
   at::Tensor out = head(tokens, e);  // [B, L, pt*ph*pw*C]
+  if (token_split.gather) out = token_split.gather(out);
 
   // unpatchify: [B, f, h, w, pt, ph, pw, C] -> [B, C, f*pt, h*ph, w*pw]
   out = out.view({B, f, h, w, c.patch[0], c.patch[1], c.patch[2], c.out_channels});

@@ -45,6 +45,15 @@ struct HeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(Head);
 
+// How a run that splits each sample's tokens over processes plugs into the model
+// (dist/sequence_parallel.h); the model only calls these. scatter(t, dim) keeps this process's
+// part of the token axis `dim` of t (the tokens after the patch embedding, and the RoPE tables);
+// gather(t) reassembles the whole token axis (dim 1) of the head's output before unpatchify.
+struct TokenSplit {
+  std::function<at::Tensor(const at::Tensor&, int64_t dim)> scatter;
+  std::function<at::Tensor(const at::Tensor&)> gather;
+};
+
 struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const ModelConfig& cfg);
   // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim].
@@ -57,6 +66,7 @@ struct DiTImpl : torch::nn::Module {
   torch::nn::Sequential text_embedding{nullptr}, time_embedding{nullptr}, time_projection{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   Head head{nullptr};
+  TokenSplit token_split;  // empty: every token in this process
 };
 TORCH_MODULE(DiT);
 

@@ -46,7 +46,7 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos
   at::Tensor qh = rope_apply(norm_q(q(x)).view({B, L, heads, hd}), cos, sin);
   at::Tensor kh = rope_apply(norm_k(k(x)).view({B, L, heads, hd}), cos, sin);
   at::Tensor vh = v(x).view({B, L, heads, hd});
-  return o(attention(qh, kh, vh));
+  return o(attention_fn ? attention_fn(qh, kh, vh) : attention(qh, kh, vh));
 }
 
 CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {

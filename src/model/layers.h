@@ -1,6 +1,7 @@
 // Small building blocks of the DiT: RMSNorm, LayerNorm + adaLN modulation, attention modules.
 // Plain single-device modules; parameter names follow the official Wan 2.1 keys.
 #pragma once
+#include <functional>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
@@ -29,12 +30,17 @@ at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, cons
 // Scaled dot-product attention over [B, L, heads, head_dim] tensors (returns [B, Lq, heads*hd]).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+// Any function with attention()'s contract. A run that splits tokens over processes replaces
+// the self-attention's with one that exchanges them (dist/sequence_parallel.h).
+using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
 // Self-attention with QK RMSNorm (over the full dim) and 3D RoPE.
 struct SelfAttentionImpl : torch::nn::Module {
   SelfAttentionImpl(int64_t dim, int64_t heads, double eps);
   // x [B, L, dim]; cos/sin [L, head_dim/2] from rope_tables().
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   int64_t heads;
+  AttentionFn attention_fn;  // empty: attention()
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };

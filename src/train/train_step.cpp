@@ -1,6 +1,6 @@
 // One optimizer step, top to bottom: learning rate -> micro-batches (data, flow-matching
-// noising, caption dropout, forward under autocast, loss, backward) -> gradient average over the
-// data-parallel ranks -> clip -> AdamW -> EMA.
+// noising, caption dropout, forward under autocast, loss, backward) -> gradient reduction over the
+// data- and sequence-parallel ranks -> clip -> AdamW -> EMA.
 #include <chrono>
 
 #include "diffusion/flow_matching.h"
@@ -61,8 +61,10 @@ StepResult Trainer::step() {
     dp_->finish();  // every rank now holds the gradient of the global batch's mean loss
     // Logged numbers are global: mean loss; samples, tokens and FLOPs summed over the ranks.
     at::Tensor totals = at::tensor({loss_sum, double(samples), double(tokens), flops}, at::kDouble);
-    dp_->comm()->all_reduce(totals, ReduceOp::Sum)->wait();
-    loss_sum = totals[0].item<double>() / dp_->comm()->size();
+    // Over "dp" only: the members of an sp group computed the same loss on the same samples.
+    const auto& dp = mesh_->group("dp");
+    dp->all_reduce(totals, ReduceOp::Sum)->wait();
+    loss_sum = totals[0].item<double>() / dp->size();
     samples = int64_t(totals[1].item<double>()), tokens = int64_t(totals[2].item<double>());
     flops = totals[3].item<double>();
   }

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "dist/sequence_parallel.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 
@@ -44,7 +45,10 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     params_[item.key()] = item.value();
     param_list_.push_back(item.value());
   }
-  if (mesh_) dp_ = apply_data_parallel(param_list_, *mesh_, cfg.parallel);
+  if (mesh_) {
+    apply_sequence_parallel(*model_, *mesh_);  // before the gradient hooks: both see the same graph
+    dp_ = apply_data_parallel(param_list_, *mesh_, cfg.parallel);
+  }
   opt_ = std::make_unique<AdamW>(params_, AdamWOptions{cfg.train.beta1, cfg.train.beta2,
                                                        cfg.train.adam_eps, cfg.train.weight_decay});
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(params_, cfg.train.ema_decay);

@@ -6,8 +6,9 @@
 // (dist/data_parallel.h). train.batch_size is then the global batch: each dp rank trains on its
 // slice, draws the same noise and timesteps for its samples as a single process would, and the
 // averaged gradients make every rank take the same step, so N ranks reproduce the single-process
-// run (to fp32 rounding). Logged numbers are global; only rank 0 writes checkpoints, metrics and
-// console lines.
+// run (to fp32 rounding). With ulysses / ring degrees the model's tokens are also split over the
+// "sp" group (dist/sequence_parallel.h) and the gradient shares summed there. Logged numbers are
+// global; only rank 0 writes checkpoints, metrics and console lines.
 #pragma once
 #include <functional>
 #include <memory>

@@ -61,9 +61,10 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
     std::printf("vidit train: resolved config (%s)\n%s\n%s\n", cfg.source.c_str(), config_to_toml(cfg).c_str(),
                 format_info(cfg, model_info(cfg)).c_str());
     if (env.world > 1)
-      std::printf("distributed: %d processes (%s, %s), data parallel over %d, tokens split over %d (ulysses %d x ring %d)\n",
-                  env.world, env.launcher.c_str(), mesh->world()->backend().c_str(), dp, mesh->degree("sp"),
-                  mesh->degree("ulysses"), mesh->degree("ring"));
+      std::printf("distributed: %d processes (%s, %s), data parallel over %d (parameters sharded over %d), "
+                  "tokens split over %d (ulysses %d x ring %d)\n",
+                  env.world, env.launcher.c_str(), mesh->world()->backend().c_str(), dp, mesh->degree("shard"),
+                  mesh->degree("sp"), mesh->degree("ulysses"), mesh->degree("ring"));
   }
   std::shared_ptr<BatchSource> data;
   if (cfg.data.source == "demo") {

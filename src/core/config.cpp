@@ -258,6 +258,7 @@ Config parse_config(const std::string& text, const std::string& source,
     auto& p = c.parallel;
     b.get("replicate", p.replicate); b.get("shard", p.shard); b.get("tensor", p.tensor);
     b.get("ulysses", p.ulysses); b.get("ring", p.ring); b.get("bucket_mb", p.bucket_mb);
+    b.get("reshard_after_forward", p.reshard_after_forward); b.get("reduce_dtype", p.reduce_dtype);
     b.finish();
   }
   validate_config(c);
@@ -352,6 +353,8 @@ void validate_config(const Config& c) {
   positive("parallel.tensor", pc.tensor); positive("parallel.ulysses", pc.ulysses);
   positive("parallel.ring", pc.ring);
   VIDIT_CHECK(pc.bucket_mb > 0, f, ": parallel.bucket_mb must be > 0 (got ", pc.bucket_mb, ")");
+  VIDIT_CHECK(pc.reduce_dtype == "fp32" || pc.reduce_dtype == "bf16", f,
+              ": parallel.reduce_dtype must be \"fp32\" or \"bf16\" (got \"", pc.reduce_dtype, "\")");
   if (d.source == "demo") {
     VIDIT_CHECK(dm.frame_size % dm.codec_block == 0, f, ": demo.frame_size (", dm.frame_size,
                 ") must be divisible by demo.codec_block (", dm.codec_block, ")");
@@ -421,7 +424,9 @@ std::string config_to_toml(const Config& c) {
      << "\neval_every = " << dm.eval_every << "\ncolourless_captions = " << dm.colourless_captions;
   const auto& pc = c.parallel;
   os << "\n\n[parallel]\nreplicate = " << pc.replicate << "\nshard = " << pc.shard << "\ntensor = " << pc.tensor
-     << "\nulysses = " << pc.ulysses << "\nring = " << pc.ring << "\nbucket_mb = " << pc.bucket_mb << "\n";
+     << "\nulysses = " << pc.ulysses << "\nring = " << pc.ring << "\nbucket_mb = " << pc.bucket_mb
+     << "\nreshard_after_forward = " << (pc.reshard_after_forward ? "true" : "false")
+     << "\nreduce_dtype = " << s(pc.reduce_dtype) << "\n";
   return os.str();
 }
 

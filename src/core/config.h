@@ -118,15 +118,18 @@ struct DemoConfig {
 };
 
 // How the processes of a run are arranged (src/dist/mesh.h): a mesh of degrees replicate x shard x
-// tensor x ulysses x ring whose product is the number of processes. Data parallel today: the
-// data-parallel degree is replicate x shard (shard as plain data parallel until FSDP lands).
+// tensor x ulysses x ring whose product is the number of processes. The data-parallel degree is
+// replicate x shard; shard > 1 shards parameters, gradients and optimizer state (FSDP, dist/fsdp.h),
+// and with replicate > 1 as well that is HSDP.
 struct ParallelConfig {
   int64_t replicate = 1;  // data-parallel replicas (DDP / the replicate dim of HSDP)
-  int64_t shard = 1;      // data-parallel ranks that will shard parameters (FSDP; plain DP for now)
+  int64_t shard = 1;      // data-parallel ranks that shard parameters, gradients, optimizer state (FSDP)
   int64_t tensor = 1;     // tensor parallel (heads and MLP split); divides model.heads and model.ffn_dim
   int64_t ulysses = 1;    // Ulysses sequence parallel (all-to-all over heads); divides model.heads
   int64_t ring = 1;       // ring-attention context parallel (K/V passed around a ring)
   double bucket_mb = 25;  // data parallel: gradients are all-reduced in buckets of about this many MiB
+  bool reshard_after_forward = true;  // FSDP: free a block's gathered weights after its forward
+  std::string reduce_dtype = "fp32";  // FSDP: gradients reduce-scattered in "fp32" or "bf16"
 };
 
 struct Config {

@@ -168,21 +168,25 @@ TEST(Mpi, TrainCommandUnderMpirunMatchesOneProcess) {
   ASSERT_EQ(single.status, 0) << single.output;
   auto multi = test::mpirun(2, std::string(VIDIT_BINARY) + sets + two.path() + " parallel.replicate=2");
   ASSERT_EQ(multi.status, 0) << multi.output;
-  EXPECT_NE(multi.output.find("distributed: 2 processes (openmpi, mpi), data parallel over 2,"), std::string::npos)
+  EXPECT_NE(multi.output.find("distributed: 2 processes (openmpi, mpi), data parallel over 2 ("), std::string::npos)
       << multi.output;
   std::smatch a, b;
   std::regex final_loss("done: 4 steps, final loss ([0-9.eE+-]+)");
   ASSERT_TRUE(std::regex_search(single.output, a, final_loss)) << single.output;
   ASSERT_TRUE(std::regex_search(multi.output, b, final_loss)) << multi.output;
   EXPECT_LE(rel(std::stod(b[1]), std::stod(a[1])), 1e-5) << a[1] << " vs " << b[1];
-  // The same run with each sample's tokens split over the 2 ranks (Ulysses).
-  ScratchDir three("train_ulysses");
-  auto sp = test::mpirun(2, std::string(VIDIT_BINARY) + sets + three.path() + " parallel.ulysses=2");
-  ASSERT_EQ(sp.status, 0) << sp.output;
-  EXPECT_NE(sp.output.find("tokens split over 2 (ulysses 2 x ring 1)"), std::string::npos) << sp.output;
-  std::smatch c;
-  ASSERT_TRUE(std::regex_search(sp.output, c, final_loss)) << sp.output;
-  EXPECT_LE(rel(std::stod(c[1]), std::stod(a[1])), 1e-5) << a[1] << " vs " << c[1];
+  // The same run with each sample's tokens split over the 2 ranks (Ulysses), and with the
+  // parameters sharded over them (FSDP).
+  for (auto [set, says] : {std::pair<const char*, const char*>{"parallel.ulysses=2", "tokens split over 2 (ulysses 2 x ring 1)"},
+                           {"parallel.shard=2", "(parameters sharded over 2)"}}) {
+    ScratchDir out("train_variant");
+    auto run = test::mpirun(2, std::string(VIDIT_BINARY) + sets + out.path() + " " + set);
+    ASSERT_EQ(run.status, 0) << run.output;
+    EXPECT_NE(run.output.find(says), std::string::npos) << run.output;
+    std::smatch c;
+    ASSERT_TRUE(std::regex_search(run.output, c, final_loss)) << run.output;
+    EXPECT_LE(rel(std::stod(c[1]), std::stod(a[1])), 1e-5) << set << ": " << a[1] << " vs " << c[1];
+  }
   // One console (rank 0): one "done" line and one resolved config.
   EXPECT_EQ(multi.output.find("done: 4 steps", multi.output.find("done: 4 steps") + 1), std::string::npos);
   EXPECT_EQ(multi.output.find("resolved config", multi.output.find("resolved config") + 1), std::string::npos);

@@ -10,6 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <sstream>
+#include <vector>
 #include <string>
 
 #include "dist/comm.h"
@@ -81,6 +84,41 @@ inline void expect_workers_passed(const ProcessResult& r, int np) {
 }
 
 inline bool in_mpi_worker() { return std::getenv("VIDIT_MPI_WORKER") != nullptr; }
+
+inline double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
+}
+
+// `sets` followed by the space-separated --set items in environment variable `var` (how a
+// driver test passes a mesh to its workers).
+inline std::vector<std::string> sets_from_env(const char* var, std::vector<std::string> sets) {
+  std::istringstream extra(std::getenv(var) ? std::getenv(var) : "");
+  for (std::string s; extra >> s;) sets.push_back(s);
+  return sets;
+}
+
+// Losses within 1e-5 relative of `want`, step by step.
+inline void expect_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]) / want[i], 1e-5) << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
+}
+
+// Parameters: all together within 1e-5 relative, each within 1e-4. Some parameters have a true
+// gradient near zero (attention key biases, nearly shift-invariant under softmax); AdamW scales
+// such a gradient up to a full-size step, so fp32 rounding differences between a parallel and a
+// single-process run show there as up to a few 1e-5.
+inline void expect_params(const std::map<std::string, at::Tensor>& got, const std::map<std::string, at::Tensor>& want) {
+  std::vector<at::Tensor> a, b;
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_TRUE(it != got.end()) << name;
+    at::Tensor g = it->second.detach();
+    EXPECT_LE(rel_err(g, w.detach()), 1e-4) << name;
+    a.push_back(g.flatten()), b.push_back(w.detach().flatten());
+  }
+  EXPECT_LE(rel_err(at::cat(a), at::cat(b)), 1e-5);
+}
 
 }  // namespace vidit::test
 

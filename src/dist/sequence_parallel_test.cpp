@@ -14,6 +14,7 @@
 #include "../../tests/test_util.h"
 #include "dist/mpi_test_util.h"
 #include "dist/ring_attention.h"
+#include "model/state_dict.h"
 #include "train/trainer.h"
 
 namespace vidit {
@@ -22,9 +23,7 @@ namespace {
 using test::ScratchDir;
 using test::tiny_config;
 
-double rel_err(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
-}
+using test::rel_err;
 
 // The attention blocks on their own (one process): merging two key blocks by log-sum-exp and
 // summing the blocks' backward gives full attention, on the CPU kernels and the composition.
@@ -112,11 +111,8 @@ TEST(MpiWorker, SequenceParallelTrainingMatchesOneProcess) {
   VIDIT_MPI_WORKER_ONLY();
   auto world = make_world_comm(detect_launch_env());
   ScratchDir dir("sp");
-  std::vector<std::string> sets = {"train.steps=10", "train.batch_size=4", "train.warmup_steps=2",
-                                   "train.out_dir=" + dir.path()};
-  std::istringstream extra(std::getenv("VIDIT_SP_SETS") ? std::getenv("VIDIT_SP_SETS") : "");
-  for (std::string s; extra >> s;) sets.push_back(s);
-  Config cfg = tiny_config(sets);
+  Config cfg = tiny_config(test::sets_from_env("VIDIT_SP_SETS", {"train.steps=10", "train.batch_size=4",
+                                                                 "train.warmup_steps=2", "train.out_dir=" + dir.path()}));
   auto data = std::make_shared<SyntheticDataset>(cfg, 32, 11);
   auto null_text = at::zeros({cfg.model.text_len, cfg.model.text_dim});
   auto mesh = std::make_shared<Mesh>(cfg, world);
@@ -135,22 +131,8 @@ TEST(MpiWorker, SequenceParallelTrainingMatchesOneProcess) {
     one.train.out_dir = dir / "single";
     Trainer single(one, data, null_text);
     std::vector<double> want = single.fit(-1, false);
-    ASSERT_EQ(losses.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_LE(std::abs(losses[i] - want[i]) / want[i], 1e-5) << "step " << i + 1 << ": " << losses[i] << " vs "
-                                                               << want[i];
-    // All parameters together within 1e-5; each one within 1e-4. Some have a true gradient near
-    // zero (e.g. attention key biases, nearly shift-invariant under softmax); AdamW scales such a
-    // gradient up to a full-size step, so the rounding differences of the split attention show
-    // there as up to a few 1e-5.
-    auto want_params = single.model()->named_parameters();
-    std::vector<at::Tensor> got_all, want_all;
-    for (auto& item : split.model()->named_parameters()) {
-      const at::Tensor& w = want_params[item.key()];
-      EXPECT_LE(rel_err(item.value().detach(), w.detach()), 1e-4) << item.key();
-      got_all.push_back(item.value().detach().flatten()), want_all.push_back(w.detach().flatten());
-    }
-    EXPECT_LE(rel_err(at::cat(got_all), at::cat(want_all)), 1e-5);
+    test::expect_losses(losses, want);
+    test::expect_params(state_dict(*split.model()), state_dict(*single.model()));
     std::printf("sequence parallel (%s): final loss %.9g (one process %.9g)\n", std::getenv("VIDIT_SP_SETS"),
                 losses.back(), want.back());
   }
@@ -158,36 +140,30 @@ TEST(MpiWorker, SequenceParallelTrainingMatchesOneProcess) {
   if (HasFailure()) abort_world(1);
 }
 
-TEST(Mpi, UlyssesTrainingOn2RanksMatchesOneProcess) {
+// The meshes: ranks and --set items.
+struct SpMesh {
+  const char* name;
+  int ranks;
+  const char* sets;
+};
+
+class SequenceParallelTraining : public ::testing::TestWithParam<SpMesh> {};
+
+TEST_P(SequenceParallelTraining, MatchesOneProcess) {
   VIDIT_REQUIRE_MPI();
-  test::expect_workers_passed(test::mpirun_worker(2, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
-                                                  "VIDIT_SP_SETS=parallel.ulysses=2"), 2);
+  const SpMesh& m = GetParam();
+  test::expect_workers_passed(test::mpirun_worker(m.ranks, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
+                                                  std::string("VIDIT_SP_SETS='") + m.sets + "'"), m.ranks);
 }
 
-TEST(Mpi, RingTrainingOn2RanksMatchesOneProcess) {
-  VIDIT_REQUIRE_MPI();
-  // Two micro-batches: the gradient shares are summed once, after the last.
-  test::expect_workers_passed(test::mpirun_worker(2, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
-                                                  "VIDIT_SP_SETS='parallel.ring=2 train.grad_accum=2'"), 2);
-}
-
-TEST(Mpi, UlyssesTimesRingTrainingOn4RanksMatchesOneProcess) {
-  VIDIT_REQUIRE_MPI();
-  test::expect_workers_passed(test::mpirun_worker(4, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
-                                                  "VIDIT_SP_SETS='parallel.ulysses=2 parallel.ring=2'"), 4);
-}
-
-TEST(Mpi, DataParallelTimesUlyssesTrainingOn4RanksMatchesOneProcess) {
-  VIDIT_REQUIRE_MPI();
-  test::expect_workers_passed(test::mpirun_worker(4, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
-                                                  "VIDIT_SP_SETS='parallel.replicate=2 parallel.ulysses=2'"), 4);
-}
-
-TEST(Mpi, DataParallelTimesRingTrainingOn4RanksMatchesOneProcess) {
-  VIDIT_REQUIRE_MPI();
-  test::expect_workers_passed(test::mpirun_worker(4, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
-                                                  "VIDIT_SP_SETS='parallel.replicate=2 parallel.ring=2'"), 4);
-}
+// Two micro-batches with the ring: the gradient shares are summed once, after the last.
+INSTANTIATE_TEST_SUITE_P(Mpi, SequenceParallelTraining,
+                         ::testing::Values(SpMesh{"Ulysses2", 2, "parallel.ulysses=2"},
+                                           SpMesh{"Ring2Accumulating", 2, "parallel.ring=2 train.grad_accum=2"},
+                                           SpMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
+                                           SpMesh{"Replicate2xUlysses2", 4, "parallel.replicate=2 parallel.ulysses=2"},
+                                           SpMesh{"Replicate2xRing2", 4, "parallel.replicate=2 parallel.ring=2"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace vidit

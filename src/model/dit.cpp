@@ -101,6 +101,7 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
               "DiT: text must be [B, <=", c.text_len, ", ", c.text_dim, "], got ", text.sizes());
   const int64_t B = x.size(0), f = x.size(2) / c.patch[0], h = x.size(3) / c.patch[1],
                 w = x.size(4) / c.patch[2];
+  if (hooks.model_begin) hooks.model_begin();
 
   // Contiguous: elementwise ops keep their inputs' layout, so a transposed stream would stay
   // transposed through every block (and each LayerNorm would copy it).
@@ -116,7 +117,11 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
     cos = token_split.scatter(cos, 0), sin = token_split.scatter(sin, 0);
   }
 
-  for (auto& b : *blocks) tokens = b->as<DiTBlockImpl>()->forward(tokens, e0, context, cos, sin);
+  for (int64_t i = 0; i < int64_t(blocks->size()); ++i) {
+    if (hooks.block_begin) hooks.block_begin(i);
+    tokens = blocks[i]->as<DiTBlockImpl>()->forward(tokens, e0, context, cos, sin);
+    if (hooks.block_end) tokens = hooks.block_end(i, tokens);
+  }
   at::Tensor out = head(tokens, e);  // [B, L, pt*ph*pw*C]
   if (token_split.gather) out = token_split.gather(out);
 

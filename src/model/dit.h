@@ -54,6 +54,15 @@ struct TokenSplit {
   std::function<at::Tensor(const at::Tensor&)> gather;
 };
 
+// Called around the forward pass and each block (e.g. to gather sharded parameters just before
+// they are used, dist/fsdp.h); the model only calls them. block_end may wrap the block's output
+// (to hook its backward) and returns what the next block reads.
+struct ForwardHooks {
+  std::function<void()> model_begin;
+  std::function<void(int64_t block)> block_begin;
+  std::function<at::Tensor(int64_t block, const at::Tensor& out)> block_end;
+};
+
 struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const ModelConfig& cfg);
   // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim].
@@ -67,6 +76,7 @@ struct DiTImpl : torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   Head head{nullptr};
   TokenSplit token_split;  // empty: every token in this process
+  ForwardHooks hooks;      // empty: none
 };
 TORCH_MODULE(DiT);
 

@@ -13,38 +13,42 @@ TensorMap state_dict(const torch::nn::Module& module) {
   return out;
 }
 
-void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const std::string& source) {
-  auto params = module.named_parameters(true);
+void check_state_dict(const TensorMap& expected, const TensorMap& tensors, const std::string& source) {
   std::vector<std::string> missing, unexpected, shape;
-  for (const auto& item : params) {
-    auto it = tensors.find(item.key());
+  for (const auto& [key, want] : expected) {
+    auto it = tensors.find(key);
     if (it == tensors.end()) {
-      missing.push_back(item.key());
-    } else if (!it->second.sizes().equals(item.value().sizes())) {
+      missing.push_back(key);
+    } else if (!it->second.sizes().equals(want.sizes())) {
       std::ostringstream os;
-      os << item.key() << " (file " << it->second.sizes() << ", model " << item.value().sizes() << ")";
+      os << key << " (file " << it->second.sizes() << ", model " << want.sizes() << ")";
       shape.push_back(os.str());
     }
   }
   for (const auto& [key, t] : tensors)
-    if (!params.contains(key)) unexpected.push_back(key);
-  if (!missing.empty() || !unexpected.empty() || !shape.empty()) {
-    std::ostringstream os;
-    os << "cannot load weights from '" << source << "':";
-    auto list = [&](const char* what, const std::vector<std::string>& keys) {
-      if (keys.empty()) return;
-      os << "\n  " << keys.size() << " " << what << ": ";
-      for (size_t i = 0; i < keys.size() && i < 5; ++i) os << (i ? ", " : "") << keys[i];
-      if (keys.size() > 5) os << ", ...";
-    };
-    list("missing key(s)", missing);
-    list("unexpected key(s)", unexpected);
-    list("mis-shaped key(s)", shape);
-    os << "\n  the file must match the model config (dim, layers, heads, channels, patch)";
-    fail(os.str());
-  }
+    if (!expected.count(key)) unexpected.push_back(key);
+  if (missing.empty() && unexpected.empty() && shape.empty()) return;
+  std::ostringstream os;
+  os << "cannot load weights from '" << source << "':";
+  auto list = [&](const char* what, const std::vector<std::string>& keys) {
+    if (keys.empty()) return;
+    os << "\n  " << keys.size() << " " << what << ": ";
+    for (size_t i = 0; i < keys.size() && i < 5; ++i) os << (i ? ", " : "") << keys[i];
+    if (keys.size() > 5) os << ", ...";
+  };
+  list("missing key(s)", missing);
+  list("unexpected key(s)", unexpected);
+  list("mis-shaped key(s)", shape);
+  os << "\n  the file must match the model config (dim, layers, heads, channels, patch)";
+  fail(os.str());
+}
+
+void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const std::string& source) {
+  TensorMap expected;
+  for (const auto& item : module.named_parameters(true)) expected[item.key()] = item.value();
+  check_state_dict(expected, tensors, source);
   torch::NoGradGuard ng;
-  for (auto& item : params) item.value().copy_(tensors.at(item.key()));
+  for (auto& [key, p] : expected) p.copy_(tensors.at(key));
 }
 
 TensorMap read_weights(const std::string& path) {

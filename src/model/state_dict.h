@@ -14,6 +14,8 @@ TensorMap state_dict(const torch::nn::Module& module);
 // missing / unexpected / mis-shaped keys (up to a few of each) and naming `source`; nothing
 // is written to the module unless every key matches.
 void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const std::string& source);
+// The check alone: `tensors` against the names and shapes of `expected`.
+void check_state_dict(const TensorMap& expected, const TensorMap& tensors, const std::string& source);
 
 // Reads weights from one .safetensors file or from every *.safetensors file in a folder (a
 // sharded release such as diffusion_pytorch_model-0000N-of-0000M.safetensors). Throws

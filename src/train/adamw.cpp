@@ -12,10 +12,13 @@ bool AdamW::no_decay(const std::string& name, const at::Tensor& p) {
          name.find("norm") != std::string::npos;
 }
 
-AdamW::AdamW(const TensorMap& params, AdamWOptions opt) : opt_(opt) {
-  for (const auto& [name, p] : params)
+AdamW::AdamW(const TensorMap& params, AdamWOptions opt, const TensorMap& decay_reference) : opt_(opt) {
+  for (const auto& [name, p] : params) {
+    auto ref = decay_reference.find(name);
+    const bool decay = !no_decay(name, ref == decay_reference.end() ? p : ref->second);
     slots_.push_back({name, p, at::zeros_like(p, at::kFloat), at::zeros_like(p, at::kFloat),
-                      at::zeros({}, p.options().dtype(at::kFloat)), !no_decay(name, p)});
+                      at::zeros({}, p.options().dtype(at::kFloat)), decay});
+  }
 }
 
 void AdamW::step(double lr) {

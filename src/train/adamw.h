@@ -16,7 +16,9 @@ struct AdamWOptions {
 class AdamW {
  public:
   // `params`: name -> live parameter (requires grad). Order of updates is the map's order.
-  AdamW(const TensorMap& params, AdamWOptions opt);
+  // `decay_reference`, when given, holds the whole parameter for each name whose weight-decay
+  // decision no_decay() should make (the params being shards of them, dist/fsdp.h).
+  AdamW(const TensorMap& params, AdamWOptions opt, const TensorMap& decay_reference = {});
   // One update at learning rate `lr` using each parameter's .grad() (skipped when undefined).
   void step(double lr);
   int64_t steps_taken() const { return step_; }

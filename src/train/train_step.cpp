@@ -55,10 +55,11 @@ StepResult Trainer::step() {
     // Data parallel: the last backward launches the gradient all-reduces as buckets complete.
     if (dp_ && micro == tc.grad_accum - 1) dp_->begin();
     loss.backward();
+    if (fsdp_) fsdp_->after_backward();  // sharded: gradients reduce-scattered into the shards
     loss_sum += loss.item<double>();
   }
-  if (dp_) {
-    dp_->finish();  // every rank now holds the gradient of the global batch's mean loss
+  if (dp_) dp_->finish();  // every rank now holds the gradient of the global batch's mean loss
+  if (mesh_) {
     // Logged numbers are global: mean loss; samples, tokens and FLOPs summed over the ranks.
     at::Tensor totals = at::tensor({loss_sum, double(samples), double(tokens), flops}, at::kDouble);
     // Over "dp" only: the members of an sp group computed the same loss on the same samples.
@@ -69,7 +70,7 @@ StepResult Trainer::step() {
     flops = totals[3].item<double>();
   }
 
-  const double grad_norm = clip_grad_norm(param_list_, tc.grad_clip);
+  const double grad_norm = fsdp_ ? fsdp_->clip_grad_norm(tc.grad_clip) : clip_grad_norm(param_list_, tc.grad_clip);
   opt_->step(lr);
   if (ema_) ema_->update(params_);
   ++step_;

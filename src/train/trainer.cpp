@@ -46,21 +46,35 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     param_list_.push_back(item.value());
   }
   if (mesh_) {
-    apply_sequence_parallel(*model_, *mesh_);  // before the gradient hooks: both see the same graph
-    dp_ = apply_data_parallel(param_list_, *mesh_, cfg.parallel);
+    apply_sequence_parallel(*model_, *mesh_);
+    // Sharded (FSDP / HSDP) or replicated (DDP) parameters; with FSDP the optimizer and the EMA
+    // hold shards.
+    fsdp_ = apply_fsdp(*model_, *mesh_, cfg.parallel);
+    if (fsdp_) {
+      params_ = fsdp_->shards();
+      param_list_.clear();
+      for (auto& [name, p] : params_) param_list_.push_back(p);
+    } else {
+      dp_ = apply_data_parallel(param_list_, *mesh_, cfg.parallel);
+    }
   }
   opt_ = std::make_unique<AdamW>(params_, AdamWOptions{cfg.train.beta1, cfg.train.beta2,
-                                                       cfg.train.adam_eps, cfg.train.weight_decay});
+                                                       cfg.train.adam_eps, cfg.train.weight_decay},
+                                 fsdp_ ? fsdp_->full_params() : TensorMap{});
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(params_, cfg.train.ema_decay);
 }
 
+TensorMap Trainer::whole(const TensorMap& m) const { return fsdp_ ? fsdp_->gather_full(m) : m; }
+TensorMap Trainer::local(const TensorMap& m) const { return fsdp_ ? fsdp_->shard_of(m) : m; }
+
 std::string Trainer::save() {
-  if (!is_lead()) return {};
   CheckpointState s;
+  // Whole tensors: under FSDP every member takes part in gathering them.
+  s.model = whole(params_);
+  if (ema_) s.ema = whole(ema_->weights()), s.ema_updates = ema_->updates();
+  s.optimizer = whole(opt_->state());
+  if (!is_lead()) return {};
   s.step = step_;
-  s.model = params_;
-  if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
-  s.optimizer = opt_->state();
   s.optimizer["rng/train"] = gen_.get_state();
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
@@ -69,18 +83,26 @@ std::string Trainer::save() {
 
 void Trainer::load(const std::string& dir) {
   CheckpointState s = load_checkpoint(dir);
-  load_state_dict(*model_, s.model, dir + "/model.safetensors");
+  if (fsdp_) {
+    check_state_dict(fsdp_->full_params(), s.model, dir + "/model.safetensors");
+    TensorMap mine = fsdp_->shard_of(s.model);
+    at::NoGradGuard ng;
+    for (auto& [name, p] : params_) p.copy_(mine.at(name));
+  } else {
+    load_state_dict(*model_, s.model, dir + "/model.safetensors");
+  }
   if (ema_) {
     VIDIT_CHECK(!s.ema.empty(), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");
+    const TensorMap ema = local(s.ema);
     at::NoGradGuard ng;
     for (auto& [name, t] : ema_->weights()) {
-      auto it = s.ema.find(name);
-      VIDIT_CHECK(it != s.ema.end(), "checkpoint '", dir, "/ema.safetensors' lacks '", name, "'");
+      auto it = ema.find(name);
+      VIDIT_CHECK(it != ema.end(), "checkpoint '", dir, "/ema.safetensors' lacks '", name, "'");
       t.copy_(it->second);
     }
     ema_->set_updates(s.ema_updates);
   }
-  opt_->load_state(s.optimizer, dir + "/optimizer.safetensors");
+  opt_->load_state(local(s.optimizer), dir + "/optimizer.safetensors");
   auto rng = s.optimizer.find("rng/train");
   VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
   gen_.set_state(rng->second);

@@ -8,7 +8,9 @@
 // averaged gradients make every rank take the same step, so N ranks reproduce the single-process
 // run (to fp32 rounding). With ulysses / ring degrees the model's tokens are also split over the
 // "sp" group (dist/sequence_parallel.h) and the gradient shares summed there. Logged numbers are
-// global; only rank 0 writes checkpoints, metrics and console lines.
+// global; only rank 0 writes checkpoints, metrics and console lines. With parallel.shard > 1 the
+// parameters, gradients, AdamW state and EMA are sharded (dist/fsdp.h): model() then holds no
+// weights between steps, and checkpoints are gathered whole, so they load at any mesh.
 #pragma once
 #include <functional>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "data/batch_source.h"
 #include "data/dataset.h"
 #include "dist/data_parallel.h"
+#include "dist/fsdp.h"
 #include "dist/mesh.h"
 #include "model/dit.h"
 #include "model/model_info.h"
@@ -71,6 +74,7 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   DiT& model() { return model_; }
   EMA* ema() { return ema_.get(); }
+  const FullyShardedDataParallel* fsdp() const { return fsdp_.get(); }
   const Config& config() const { return cfg_; }
 
  private:
@@ -88,7 +92,11 @@ class Trainer {
   double sample_flops(const at::Tensor& latents);  // per sample of this shape
   int64_t step_ = 0;
   std::shared_ptr<const Mesh> mesh_;
-  std::unique_ptr<DataParallel> dp_;  // null in a single process
+  std::unique_ptr<DataParallel> dp_;  // null in a single process and under FSDP
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // parallel.shard > 1
+  // Checkpoint tensors: whole ones from what this member holds, and back (identity without FSDP).
+  TensorMap whole(const TensorMap& m) const;
+  TensorMap local(const TensorMap& m) const;
 };
 
 }  // namespace vidit

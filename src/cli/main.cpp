@@ -1,4 +1,4 @@
-// `vidit`: one binary, subcommands train | sample | info | demo | prepare. Every subcommand
+// `vidit`: one binary, subcommands train | sample | info | plan | demo | prepare. Every subcommand
 // takes --config FILE (TOML; defaults are the embedded demo) and repeated --set section.key=value.
 #include <CLI/CLI.hpp>
 
@@ -22,6 +22,7 @@
 #include "dist/comm.h"
 #include "dist/launch_env.h"
 #include "dist/mesh.h"
+#include "dist/plan.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
@@ -45,6 +46,20 @@ void add_common(CLI::App* app, CommonOpts& o) {
 int cmd_info(const CommonOpts& o) {
   Config cfg = load_config(o.config, o.sets);
   std::printf("%s", format_info(cfg, model_info(cfg)).c_str());
+  return 0;
+}
+
+int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib) {
+  Config cfg = load_config(o.config, o.sets);
+  std::printf("%s", format_info(cfg, model_info(cfg)).c_str());
+  if (world <= 0) {
+    const auto& p = cfg.parallel;
+    validate_mesh(cfg, int(p.replicate * p.shard * p.ulysses * p.ring * p.tensor));
+    std::printf("%s", format_plan(cfg, plan_step(cfg)).c_str());
+    return 0;
+  }
+  const double gpu_bytes = gpu_gib * double(1ull << 30);
+  std::printf("%s", format_meshes(cfg, plan_meshes(cfg, world, gpu_bytes), gpu_bytes).c_str());
   return 0;
 }
 
@@ -184,6 +199,12 @@ int main(int argc, char** argv) {
 
   auto* info = app.add_subcommand("info", "parameters, FLOPs per sample and training memory of a config");
   add_common(info, o);
+  int64_t plan_world = 0;
+  double gpu_gib = 0;
+  auto* plan = app.add_subcommand("plan", "memory and bytes sent per rank for the config's mesh, or every mesh of --world ranks");
+  add_common(plan, o);
+  plan->add_option("--world", plan_world, "list every mesh of this many ranks (fewest bytes sent first)");
+  plan->add_option("--gpu-memory", gpu_gib, "GiB per GPU: mark the meshes whose memory per rank fits");
   auto* train = app.add_subcommand("train", "train a model");
   add_common(train, o);
   train->add_flag("--resume", resume, "continue from the latest checkpoint in train.out_dir");
@@ -209,6 +230,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (info->parsed()) return cmd_info(o);
+    if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib);
     if (train->parsed()) return cmd_train(o, resume, max_steps);
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
     if (demo->parsed()) return cmd_demo(o, resume);

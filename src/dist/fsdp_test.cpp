@@ -139,29 +139,25 @@ void run_worker(int np, const std::string& test, const std::string& env) {
   test::expect_workers_passed(test::mpirun_worker(np, test, "VIDIT_TEST_DIR=" + dir.path() + " " + env), np);
 }
 
-struct ShardedMesh {
-  const char* name;
-  int ranks;
-  const char* sets;
-};
 
-class FsdpTraining : public ::testing::TestWithParam<ShardedMesh> {};
+class FsdpTraining : public ::testing::TestWithParam<test::WorkerMesh> {};
 
 TEST_P(FsdpTraining, MatchesOneProcess) {
   VIDIT_REQUIRE_MPI();
-  const ShardedMesh& m = GetParam();
-  run_worker(m.ranks, "MpiWorker.FsdpTrainingMatchesOneProcess", std::string("VIDIT_FSDP_SETS='") + m.sets + "'");
+  const test::WorkerMesh& m = GetParam();
+  ScratchDir dir("fsdp");
+  test::run_mesh_worker(m, "MpiWorker.FsdpTrainingMatchesOneProcess", "VIDIT_FSDP_SETS", "VIDIT_TEST_DIR=" + dir.path());
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Mpi, FsdpTraining,
-    ::testing::Values(ShardedMesh{"Shard2", 2, "parallel.shard=2"},
-                      ShardedMesh{"Shard4Accumulating", 4, "parallel.shard=4 train.grad_accum=2"},
-                      ShardedMesh{"Shard2KeepingWeightsForBackward", 2, "parallel.shard=2 parallel.reshard_after_forward=false"},
-                      ShardedMesh{"Replicate2xShard2", 4, "parallel.replicate=2 parallel.shard=2"},
-                      ShardedMesh{"Shard2xUlysses2", 4, "parallel.shard=2 parallel.ulysses=2"},
-                      ShardedMesh{"Shard2xRing2", 4, "parallel.shard=2 parallel.ring=2"}),
-    [](const auto& info) { return std::string(info.param.name); });
+    ::testing::Values(test::WorkerMesh{"Shard2", 2, "parallel.shard=2"},
+                      test::WorkerMesh{"Shard4Accumulating", 4, "parallel.shard=4 train.grad_accum=2"},
+                      test::WorkerMesh{"Shard2KeepingWeightsForBackward", 2, "parallel.shard=2 parallel.reshard_after_forward=false"},
+                      test::WorkerMesh{"Replicate2xShard2", 4, "parallel.replicate=2 parallel.shard=2"},
+                      test::WorkerMesh{"Shard2xUlysses2", 4, "parallel.shard=2 parallel.ulysses=2"},
+                      test::WorkerMesh{"Shard2xRing2", 4, "parallel.shard=2 parallel.ring=2"}),
+    test::mesh_test_name);
 
 TEST(Mpi, FsdpKeepsOneShardOfTheStateOn4Ranks) {
   VIDIT_REQUIRE_MPI();

@@ -83,6 +83,22 @@ inline void expect_workers_passed(const ProcessResult& r, int np) {
   EXPECT_EQ(r.output.find("SKIPPED"), std::string::npos) << r.output;
 }
 
+// A mesh for a parameterized driver test: its name, ranks, and the --set items its workers get
+// through an environment variable (read back with sets_from_env).
+struct WorkerMesh {
+  const char* name;
+  int ranks;
+  const char* sets;
+};
+inline std::string mesh_test_name(const ::testing::TestParamInfo<WorkerMesh>& info) { return info.param.name; }
+
+// Runs worker test `test` on m.ranks ranks with m.sets in environment variable `var` (plus
+// `env`), and expects every rank to pass.
+inline void run_mesh_worker(const WorkerMesh& m, const std::string& test, const std::string& var,
+                            const std::string& env = "") {
+  expect_workers_passed(mpirun_worker(m.ranks, test, env + " " + var + "='" + m.sets + "'", 120), m.ranks);
+}
+
 inline bool in_mpi_worker() { return std::getenv("VIDIT_MPI_WORKER") != nullptr; }
 
 inline double rel_err(const at::Tensor& a, const at::Tensor& b) {

@@ -141,29 +141,23 @@ TEST(MpiWorker, SequenceParallelTrainingMatchesOneProcess) {
 }
 
 // The meshes: ranks and --set items.
-struct SpMesh {
-  const char* name;
-  int ranks;
-  const char* sets;
-};
 
-class SequenceParallelTraining : public ::testing::TestWithParam<SpMesh> {};
+class SequenceParallelTraining : public ::testing::TestWithParam<test::WorkerMesh> {};
 
 TEST_P(SequenceParallelTraining, MatchesOneProcess) {
   VIDIT_REQUIRE_MPI();
-  const SpMesh& m = GetParam();
-  test::expect_workers_passed(test::mpirun_worker(m.ranks, "MpiWorker.SequenceParallelTrainingMatchesOneProcess",
-                                                  std::string("VIDIT_SP_SETS='") + m.sets + "'"), m.ranks);
+  const test::WorkerMesh& m = GetParam();
+  test::run_mesh_worker(m, "MpiWorker.SequenceParallelTrainingMatchesOneProcess", "VIDIT_SP_SETS");
 }
 
 // Two micro-batches with the ring: the gradient shares are summed once, after the last.
 INSTANTIATE_TEST_SUITE_P(Mpi, SequenceParallelTraining,
-                         ::testing::Values(SpMesh{"Ulysses2", 2, "parallel.ulysses=2"},
-                                           SpMesh{"Ring2Accumulating", 2, "parallel.ring=2 train.grad_accum=2"},
-                                           SpMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
-                                           SpMesh{"Replicate2xUlysses2", 4, "parallel.replicate=2 parallel.ulysses=2"},
-                                           SpMesh{"Replicate2xRing2", 4, "parallel.replicate=2 parallel.ring=2"}),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         ::testing::Values(test::WorkerMesh{"Ulysses2", 2, "parallel.ulysses=2"},
+                                           test::WorkerMesh{"Ring2Accumulating", 2, "parallel.ring=2 train.grad_accum=2"},
+                                           test::WorkerMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
+                                           test::WorkerMesh{"Replicate2xUlysses2", 4, "parallel.replicate=2 parallel.ulysses=2"},
+                                           test::WorkerMesh{"Replicate2xRing2", 4, "parallel.replicate=2 parallel.ring=2"}),
+                         test::mesh_test_name);
 
 }  // namespace
 }  // namespace vidit

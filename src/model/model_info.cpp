@@ -5,6 +5,13 @@
 
 namespace vidit {
 
+int64_t count_block_parameters(const ModelConfig& m) {
+  const int64_t d = m.dim;
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  const int64_t attn = 4 * linear(d, d) + 2 * d;  // q, k, v, o, norm_q, norm_k
+  return 2 * attn + 2 * d /*norm3*/ + linear(d, m.ffn_dim) + linear(m.ffn_dim, d) + 6 * d /*modulation*/;
+}
+
 int64_t count_parameters(const ModelConfig& m) {
   const int64_t d = m.dim, p = m.patch[0] * m.patch[1] * m.patch[2];
   auto linear = [](int64_t in, int64_t out) { return in * out + out; };
@@ -12,10 +19,7 @@ int64_t count_parameters(const ModelConfig& m) {
   n += linear(m.text_dim, d) + linear(d, d);                    // text_embedding.{0,2}
   n += linear(m.freq_dim, d) + linear(d, d);                    // time_embedding.{0,2}
   n += linear(d, 6 * d);                                        // time_projection.1
-  const int64_t attn = 4 * linear(d, d) + 2 * d;                // q, k, v, o, norm_q, norm_k
-  const int64_t block = 2 * attn + 2 * d /*norm3*/ + linear(d, m.ffn_dim) + linear(m.ffn_dim, d) +
-                        6 * d /*modulation*/;
-  n += m.layers * block;
+  n += m.layers * count_block_parameters(m);
   n += linear(d, m.out_channels * p) + 2 * d;                   // head.head, head.modulation
   return n;
 }

@@ -31,6 +31,7 @@ struct ModelInfo {
 };
 
 int64_t count_parameters(const ModelConfig& m);
+int64_t count_block_parameters(const ModelConfig& m);  // one DiT block
 ModelInfo model_info(const Config& c);
 std::string format_info(const Config& c, const ModelInfo& info);
 

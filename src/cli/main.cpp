@@ -180,8 +180,22 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
 
 int cmd_demo(const CommonOpts& o, bool resume) {
   Config cfg = load_config(o.config, o.sets);
-  std::printf("vidit demo: %s\n", format_info(cfg, model_info(cfg)).c_str());
-  auto report = demo::run_demo(cfg, resume);
+  const LaunchEnv env = detect_launch_env();
+  std::shared_ptr<Mesh> mesh;
+  if (env.world > 1) {
+    // `mpirun -np N vidit demo` with no [parallel] degrees: plain data parallel over the N.
+    const auto& p = cfg.parallel;
+    if (p.replicate * p.shard * p.ulysses * p.ring * p.tensor == 1) cfg.parallel.replicate = env.world;
+    validate_mesh(cfg, env.world);
+    mesh = std::make_shared<Mesh>(cfg, make_world_comm(env));
+  }
+  if (!mesh || mesh->rank() == 0) {
+    std::printf("vidit demo: %s\n", format_info(cfg, model_info(cfg)).c_str());
+    if (mesh)
+      std::printf("distributed: %d processes, data parallel over %d (parameters sharded over %d), tokens split over %d\n",
+                  env.world, mesh->degree("dp"), mesh->degree("shard"), mesh->degree("sp"));
+  }
+  auto report = demo::run_demo(cfg, resume, mesh);
   return report.adherence() >= 0.9 ? 0 : 3;
 }
 

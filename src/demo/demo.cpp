@@ -18,6 +18,7 @@
 #include "demo/shapes.h"
 #include "diffusion/sampler.h"
 #include "model/state_dict.h"
+#include "dist/mesh.h"
 #include "train/trainer.h"
 
 namespace vidit::demo {
@@ -89,44 +90,52 @@ std::pair<int, int> check_prompts(DiT& model, const Config& cfg, bool held, cons
   return {correct, int(clips.size())};
 }
 
-// The weights the demo samples with: the EMA when there is one.
+// The weights the demo samples with: the EMA when there is one (whole tensors: collective when
+// the trainer shards them).
 DiT sampling_model(Trainer& trainer, const Config& cfg) {
-  if (!trainer.ema()) return trainer.model();
   DiT model(cfg.model);
-  load_state_dict(*model, trainer.ema()->weights(), "EMA weights");
+  load_state_dict(*model, trainer.ema() ? trainer.ema_weights() : trainer.weights(), "trained weights");
   return model;
 }
 
 }  // namespace
 
-DemoReport run_demo(const Config& cfg, bool resume) {
+DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> mesh) {
   namespace fs = std::filesystem;
   const auto t_start = std::chrono::steady_clock::now();
   const std::string out = cfg.train.out_dir;
+  // Under mpirun every rank trains; rank 0 prints, samples and checks.
+  const bool lead = !mesh || mesh->rank() == 0;
   fs::create_directories(out);
   DemoReport report;
 
-  std::printf("[demo] 1/4 making %lld shape videos (H.264 MP4) in %s/videos and caching them\n",
-              (long long)cfg.demo.videos, out.c_str());
+  if (lead)
+    std::printf("[demo] 1/4 making %lld shape videos (H.264 MP4) in %s/videos and caching them\n",
+                (long long)cfg.demo.videos, out.c_str());
   std::fflush(stdout);
-  DemoData data = prepare_demo_data(cfg, out);
-  std::printf("[demo] 2/4 decoded with FFmpeg, bucketed, encoded (demo codec, block %lld) into %s: %lld samples, "
-              "%lld rejected\n", (long long)cfg.demo.codec_block, data.cache_dir.c_str(), (long long)data.report.written,
-              (long long)data.report.rejected);
-  for (const auto& [bucket, n] : data.report.per_bucket)
-    std::printf("[demo]     bucket %-10s %4lld clips\n", bucket.c_str(), (long long)n);
-  std::printf("[demo]     loader: %lld tokens per batch\n", (long long)data.loader->token_budget());
-
-  std::printf("[demo] 3/4 training the DiT (%lld steps)\n", (long long)cfg.train.steps);
+  // Each rank renders the (deterministic) videos into its own folder and reads its share.
+  DemoData data = prepare_demo_data(cfg, lead ? out : out + "/rank" + std::to_string(mesh->rank()),
+                                    mesh ? mesh->coord("dp") : 0, mesh ? mesh->degree("dp") : 1);
+  if (lead) {
+    std::printf("[demo] 2/4 decoded with FFmpeg, bucketed, encoded (demo codec, block %lld) into %s: %lld samples, "
+                "%lld rejected\n", (long long)cfg.demo.codec_block, data.cache_dir.c_str(),
+                (long long)data.report.written, (long long)data.report.rejected);
+    for (const auto& [bucket, n] : data.report.per_bucket)
+      std::printf("[demo]     bucket %-10s %4lld clips\n", bucket.c_str(), (long long)n);
+    std::printf("[demo]     loader: %lld tokens per batch%s\n", (long long)data.loader->token_budget(),
+                mesh ? " per data-parallel rank" : "");
+    std::printf("[demo] 3/4 training the DiT (%lld steps)\n", (long long)cfg.train.steps);
+  }
   std::fflush(stdout);
-  Trainer trainer(cfg, data.loader, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
-  if (resume && trainer.resume())
+  Trainer trainer(cfg, data.loader, at::zeros({cfg.model.text_len, cfg.model.text_dim}), at::kCPU, mesh);
+  if (resume && trainer.resume() && lead)
     std::printf("[demo]     resumed at step %lld\n", (long long)trainer.steps_done());
   double eval_seconds = 0;
   auto periodic_check = [&](const StepResult& r) {
     if (cfg.demo.eval_every <= 0 || r.step % cfg.demo.eval_every != 0 || r.step == cfg.train.steps) return;
     const auto t0 = std::chrono::steady_clock::now();
     DiT model = sampling_model(trainer, cfg);
+    if (!lead) return;
     auto [ok, n] = check_prompts(model, cfg, true, "");
     eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("[demo]     step %lld: held-out adherence %d/%d = %.1f%%\n", (long long)r.step, ok, n, 100.0 * ok / n);
@@ -136,16 +145,27 @@ DemoReport run_demo(const Config& cfg, bool resume) {
   report.losses = trainer.fit(-1, true, periodic_check);
   report.train_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() - eval_seconds;
+  DiT model = sampling_model(trainer, cfg);
+  if (!lead) {
+    // The lead's verdict, so every rank exits with the same status.
+    at::Tensor result = at::zeros({2}, at::kLong);
+    mesh->world()->broadcast(result, 0)->wait();
+    report.correct = int(result[0].item<int64_t>()), report.total = int(result[1].item<int64_t>());
+    return report;
+  }
   write_loss_curve_png(out + "/loss.png", report.losses);
 
   std::printf("[demo] 4/4 sampling %lld clips for prompts held out of training (%lld Euler steps, cfg %.1f)\n",
               (long long)(demo_prompts(cfg, true).captions.size()), (long long)cfg.sample.steps, cfg.sample.cfg_scale);
   std::fflush(stdout);
-  DiT model = sampling_model(trainer, cfg);
   std::tie(report.correct, report.total) = check_prompts(model, cfg, true, out + "/samples");
   // The mirrored pairs seen in training, for comparison: a gap between the two is a failure to
   // generalise, not to fit.
   auto [seen_ok, seen_n] = check_prompts(model, cfg, false, "");
+  if (mesh) {
+    at::Tensor result = at::tensor({int64_t(report.correct), int64_t(report.total)}, at::kLong);
+    mesh->world()->broadcast(result, 0)->wait();
+  }
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::printf("[demo] prompt adherence on held-out prompts: %d/%d = %.1f%% (target >= 90%%)\n", report.correct,
               report.total, 100.0 * report.adherence());

@@ -3,10 +3,12 @@
 // samples the (colour, direction) pairs held out of training, writes the samples as MP4 and the
 // loss curve as PNG, and measures prompt adherence.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
+#include "dist/mesh.h"
 #include "model/dit.h"
 
 namespace vidit::demo {
@@ -19,7 +21,9 @@ struct DemoReport {
 };
 
 // Runs everything under cfg.train.out_dir. `resume`: continue from its latest checkpoint.
-DemoReport run_demo(const Config& cfg, bool resume);
+// `mesh`: the processes of a run under mpirun (every rank trains; rank 0 samples and reports,
+// and every rank returns its verdict).
+DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> mesh = nullptr);
 
 // Generates one clip per caption with the Euler sampler (cfg.sample) and decodes it with the
 // demo codec: returns frames [T, H, W, 3] uint8 per caption.

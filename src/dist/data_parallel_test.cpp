@@ -11,6 +11,7 @@
 
 #include "../../tests/test_util.h"
 #include "core/error.h"
+#include "data/video_decoder.h"
 #include "dist/mpi_test_util.h"
 #include "train/trainer.h"
 
@@ -190,6 +191,28 @@ TEST(Mpi, TrainCommandUnderMpirunMatchesOneProcess) {
   // One console (rank 0): one "done" line and one resolved config.
   EXPECT_EQ(multi.output.find("done: 4 steps", multi.output.find("done: 4 steps") + 1), std::string::npos);
   EXPECT_EQ(multi.output.find("resolved config", multi.output.find("resolved config") + 1), std::string::npos);
+}
+
+// `vidit demo` with 2 processes: both train (data parallel over the demo's cache), rank 0 samples
+// and reports once, and both exit with the verdict's status (3: adherence under 90% after a
+// few steps).
+TEST(Mpi, DemoRunsWithTwoProcesses) {
+  VIDIT_REQUIRE_MPI();
+  if (!video_decoding_available()) GTEST_SKIP() << "built without FFmpeg";
+  ScratchDir out("demo2");
+  auto run = test::mpirun(2, std::string(VIDIT_BINARY) +
+                                 " demo --set demo.videos=24 train.steps=4 train.threads=1 train.log_every=2 "
+                                 "sample.steps=2 demo.samples_per_prompt=1 demo.eval_every=2 train.out_dir=" + out.path(),
+                          240);
+  EXPECT_EQ(run.status, 3) << run.output;
+  EXPECT_NE(run.output.find("distributed: 2 processes, data parallel over 2"), std::string::npos) << run.output;
+  const std::string verdict = "prompt adherence on held-out prompts";
+  ASSERT_NE(run.output.find(verdict), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find(verdict, run.output.find(verdict) + 1), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("step 2: held-out adherence"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("error"), std::string::npos) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(out / "samples"));
+  EXPECT_TRUE(std::filesystem::exists(out / "rank1/cache"));
 }
 
 }  // namespace

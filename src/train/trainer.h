@@ -75,6 +75,9 @@ class Trainer {
   DiT& model() { return model_; }
   EMA* ema() { return ema_.get(); }
   const FullyShardedDataParallel* fsdp() const { return fsdp_.get(); }
+  // Whole weights by name, raw and EMA (collective over the mesh when they are sharded).
+  TensorMap weights() const { return whole(params_); }
+  TensorMap ema_weights() const { return ema_ ? whole(ema_->weights()) : TensorMap{}; }
   const Config& config() const { return cfg_; }
 
  private:

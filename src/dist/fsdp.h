@@ -20,8 +20,8 @@
 // refills the same storage, so saved tensors see the data again.
 //
 // The model knows nothing of this; its own parameters hold no memory between uses. Checkpoints
-// stay whole (gather_full on every member, rank 0 writes), and shard_of() slices whole tensors
-// for this member, so a checkpoint loads at any mesh.
+// are written in parts, one per shard (train/checkpoint.h), and read back whole; shard_of()
+// slices whole tensors for this member, so a checkpoint loads at any mesh.
 #pragma once
 #include <ATen/ATen.h>
 

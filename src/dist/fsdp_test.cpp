@@ -121,6 +121,17 @@ TEST(MpiWorker, FsdpCheckpointResumesAtAnotherMesh) {
     b = t.fit(-1, false);
   }
   if (world->rank() == 0) {
+    // The first mesh's checkpoint (step 5) is in parts when it sharded.
+    const std::string step5 = dir + "/resharded/checkpoints/step_00000005";
+    const int64_t parts = first.parallel.shard;
+    for (const char* what : {"model", "ema", "optimizer"})
+      for (int64_t k = 0; k < parts && parts > 1; ++k) {
+        char name[1024];
+        std::snprintf(name, sizeof name, "%s/%s.shard-%05lld-of-%05lld.safetensors", step5.c_str(), what, (long long)k,
+                      (long long)parts);
+        EXPECT_TRUE(std::filesystem::exists(name)) << name;
+      }
+    EXPECT_EQ(std::filesystem::exists(step5 + "/model.safetensors"), parts == 1);
     Config one = first;
     one.parallel = ParallelConfig{};
     one.train.out_dir = dir + "/single";

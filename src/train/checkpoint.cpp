@@ -11,27 +11,59 @@
 namespace vidit {
 namespace fs = std::filesystem;
 
-std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
-  fs::path root = fs::path(out_dir) / "checkpoints";
-  fs::create_directories(root);
+namespace {
+
+std::string step_name(int64_t step) {
   char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(s.step));
-  fs::path final_dir = root / name, tmp = root / (std::string(name) + ".tmp");
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string part_name(const char* what, int64_t index, int64_t count) {
+  char name[96];
+  std::snprintf(name, sizeof name, "%s.shard-%05lld-of-%05lld.safetensors", what, (long long)index, (long long)count);
+  return name;
+}
+
+}  // namespace
+
+std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step) {
+  return (fs::path(out_dir) / "checkpoints" / (step_name(step) + ".tmp")).string();
+}
+
+std::string begin_checkpoint(const std::string& out_dir, int64_t step) {
+  fs::create_directories(fs::path(out_dir) / "checkpoints");
+  fs::path tmp = checkpoint_tmp_dir(out_dir, step);
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  save_safetensors((tmp / "model.safetensors").string(), s.model);
-  if (!s.ema.empty()) save_safetensors((tmp / "ema.safetensors").string(), s.ema);
-  save_safetensors((tmp / "optimizer.safetensors").string(), s.optimizer);
+  return tmp.string();
+}
+
+void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& s, int64_t index) {
+  fs::path tmp(tmp_dir);
+  auto name = [&](const char* what) {
+    return (tmp / (s.shards > 0 ? part_name(what, index, s.shards) : std::string(what) + ".safetensors")).string();
+  };
+  save_safetensors(name("model"), s.model);
+  if (!s.ema.empty()) save_safetensors(name("ema"), s.ema);
+  save_safetensors(name("optimizer"), s.optimizer);
+}
+
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
+  fs::path root = fs::path(out_dir) / "checkpoints";
+  const std::string name = step_name(s.step);
+  fs::path final_dir = root / name, tmp = root / (name + ".tmp");
   nlohmann::json meta = {{"format", "vidit-checkpoint-1"},
                          {"step", s.step},
                          {"ema_updates", s.ema_updates},
                          {"sampler", {{"seed", s.sampler.seed}, {"epoch", s.sampler.epoch},
                                       {"position", s.sampler.position}}},
                          {"config", s.config_toml}};
+  if (s.shards > 0) meta["shards"] = {{"count", s.shards}, {"shapes", s.shapes}};
   write_file_atomic((tmp / "meta.json").string(), meta.dump(2));
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
-  write_file_atomic((root / "latest").string(), std::string(name) + "\n");
+  write_file_atomic((root / "latest").string(), name + "\n");
 
   // Prune the oldest complete checkpoints beyond `keep` (never the one just written).
   std::vector<fs::path> all;
@@ -44,6 +76,11 @@ std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s
   for (size_t i = 0; i + keep < all.size(); ++i)
     if (all[i] != final_dir) fs::remove_all(all[i]);
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
+  write_checkpoint_shard(begin_checkpoint(out_dir, s.step), s, 0);
+  return commit_checkpoint(out_dir, s, keep);
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
@@ -72,12 +109,55 @@ CheckpointState load_checkpoint(const std::string& dir) {
     s.sampler.epoch = meta.at("sampler").at("epoch").get<int64_t>();
     s.sampler.position = meta.at("sampler").at("position").get<int64_t>();
     s.config_toml = meta.at("config").get<std::string>();
+    if (meta.contains("shards")) {
+      s.shards = meta.at("shards").at("count").get<int64_t>();
+      s.shapes = meta.at("shards").at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
   }
-  s.model = load_safetensors((d / "model.safetensors").string());
-  if (fs::exists(d / "ema.safetensors")) s.ema = load_safetensors((d / "ema.safetensors").string());
-  s.optimizer = load_safetensors((d / "optimizer.safetensors").string());
+  if (s.shards == 0) {
+    s.model = load_safetensors((d / "model.safetensors").string());
+    if (fs::exists(d / "ema.safetensors")) s.ema = load_safetensors((d / "ema.safetensors").string());
+    s.optimizer = load_safetensors((d / "optimizer.safetensors").string());
+    return s;
+  }
+  // Sharded: whole tensors from the parts. A key names a parameter, possibly behind a prefix
+  // ("exp_avg/<name>"); other keys (the step count, the RNG state) are taken from part 0.
+  auto assemble = [&](const char* what) {
+    std::vector<TensorMap> parts;
+    for (int64_t k = 0; k < s.shards; ++k) {
+      fs::path f = d / part_name(what, k, s.shards);
+      VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(), " (", s.shards,
+                  " parts expected): it was not saved completely");
+      parts.push_back(load_safetensors(f.string()));
+    }
+    TensorMap whole;
+    for (const auto& [key, first] : parts[0]) {
+      std::string name = key;
+      if (!s.shapes.count(name) && key.find('/') != std::string::npos) name = key.substr(key.find('/') + 1);
+      auto shape = s.shapes.find(name);
+      if (shape == s.shapes.end()) {
+        whole[key] = first;
+        continue;
+      }
+      std::vector<at::Tensor> chunks;
+      for (auto& p : parts) {
+        VIDIT_CHECK(p.count(key), "checkpoint '", dir, "': a part of ", what, " lacks '", key, "'");
+        chunks.push_back(p.at(key).flatten());
+      }
+      int64_t numel = 1;
+      for (int64_t n : shape->second) numel *= n;
+      at::Tensor flat = at::cat(chunks);
+      VIDIT_CHECK(flat.numel() >= numel, "checkpoint '", dir, "': the parts of '", key, "' hold ", flat.numel(),
+                  " values, fewer than its shape needs (", numel, ")");
+      whole[key] = flat.narrow(0, 0, numel).reshape(shape->second).clone();
+    }
+    return whole;
+  };
+  s.model = assemble("model");
+  if (fs::exists(d / part_name("ema", 0, s.shards))) s.ema = assemble("ema");
+  s.optimizer = assemble("optimizer");
   return s;
 }
 

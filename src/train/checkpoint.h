@@ -5,8 +5,17 @@
 // written (fsync'd) into step_N.tmp/, the directory is renamed, and only then is the
 // <out_dir>/checkpoints/latest pointer replaced, so a crash at any point leaves the previous
 // checkpoint intact and `latest` valid. Older checkpoints beyond `keep` are removed last.
+//
+// Sharded (FSDP): each shard's writer puts its part in {model,ema,optimizer}.shard-0000k-of-0000S
+// .safetensors (1-D chunks of the flattened, padded parameters, named as the parameters), and
+// meta.json's "shards" records S and every parameter's shape. load_checkpoint() reassembles
+// whole tensors from the parts, so a sharded checkpoint loads at any mesh (and in one process).
+// The three steps of a distributed save: rank 0 begin_checkpoint(), a barrier, every writer
+// write_checkpoint_shard(), a barrier, rank 0 commit_checkpoint().
 #pragma once
+#include <map>
 #include <optional>
+#include <vector>
 #include <string>
 
 #include "core/safetensors.h"
@@ -16,14 +25,22 @@ namespace vidit {
 
 struct CheckpointState {
   int64_t step = 0;
+  // Sharded: the number of parts and each parameter's whole shape (empty: whole tensors).
+  int64_t shards = 0;
+  std::map<std::string, std::vector<int64_t>> shapes;
   TensorMap model, ema, optimizer;  // optimizer also carries "rng/train"
   SamplerState sampler;
   int64_t ema_updates = 0;
   std::string config_toml;
 };
 
-// Saves and returns the checkpoint directory.
+// Saves and returns the checkpoint directory (whole tensors, one process).
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
+// The distributed save, in three steps (see above). begin returns the temporary directory.
+std::string begin_checkpoint(const std::string& out_dir, int64_t step);
+std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
+void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& part, int64_t index);
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
 // Directory named by <out_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
 // Loads a checkpoint directory; throws vidit::Error naming the file on anything missing or bad.

@@ -69,16 +69,25 @@ TensorMap Trainer::local(const TensorMap& m) const { return fsdp_ ? fsdp_->shard
 
 std::string Trainer::save() {
   CheckpointState s;
-  // Whole tensors: under FSDP every member takes part in gathering them.
-  s.model = whole(params_);
-  if (ema_) s.ema = whole(ema_->weights()), s.ema_updates = ema_->updates();
-  s.optimizer = whole(opt_->state());
-  if (!is_lead()) return {};
   s.step = step_;
+  s.model = params_;  // whole tensors, or under FSDP this member's shards
+  if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
+  s.optimizer = opt_->state();
   s.optimizer["rng/train"] = gen_.get_state();
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
-  return save_checkpoint(cfg_.train.out_dir, s, cfg_.train.keep_checkpoints);
+  const auto& tc = cfg_.train;
+  if (!fsdp_) return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
+  // Sharded: each shard is written once (by its member with replicate and sp coordinates 0),
+  // between barriers, and rank 0 commits.
+  s.shards = mesh_->degree("shard");
+  for (const auto& [name, p] : fsdp_->full_params()) s.shapes[name] = p.sizes().vec();
+  if (is_lead()) begin_checkpoint(tc.out_dir, step_);
+  mesh_->world()->barrier();
+  if (mesh_->coord("replicate") == 0 && mesh_->coord("sp") == 0)
+    write_checkpoint_shard(checkpoint_tmp_dir(tc.out_dir, step_), s, mesh_->coord("shard"));
+  mesh_->world()->barrier();
+  return is_lead() ? commit_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
 }
 
 void Trainer::load(const std::string& dir) {

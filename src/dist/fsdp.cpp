@@ -172,7 +172,7 @@ void FullyShardedDataParallel::on_grad_ready(int param) {
 void FullyShardedDataParallel::start_reduce(Unit& u) {
   at::NoGradGuard no_grad;
   // Row s of `in` is member s's part: each parameter's chunk s, in the unit's shard layout.
-  at::Tensor in = at::zeros({S_, u.shard_numel}, at::kFloat);
+  at::Tensor in = at::zeros({S_, u.shard_numel}, params_[u.params[0]].options().dtype(at::kFloat));
   for (size_t j = 0; j < u.params.size(); ++j) {
     at::Tensor& p = params_[u.params[j]];
     if (!p.grad().defined()) continue;
@@ -219,7 +219,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
   for (auto& [name, s] : shard_map_)
     if (s.grad().defined()) grads.push_back(s.grad());
-  at::Tensor sq = at::zeros({1}, at::kDouble);
+  at::Tensor sq = at::zeros({1}, params_[0].options().dtype(at::kDouble));
   for (const at::Tensor& g : grads) sq += g.to(at::kDouble).pow(2).sum();
   shard_->all_reduce(sq, ReduceOp::Sum)->wait();
   const double total = std::sqrt(sq.item<double>());

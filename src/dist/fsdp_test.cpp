@@ -11,6 +11,7 @@
 
 #include "../../tests/test_util.h"
 #include "dist/mpi_test_util.h"
+#include "dist/plan.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -88,6 +89,10 @@ TEST(MpiWorker, FsdpKeepsOneShardOfTheState) {
   // Gathered at most: the root and two blocks (one in use, one prefetched), well under the whole.
   EXPECT_LT(fsdp.peak_gathered_bytes(), whole_bytes * 3 / 4);
   EXPECT_GT(fsdp.peak_gathered_bytes(), 0);
+  // What `vidit plan` says for this mesh (dist/plan.h): the same shard and the same peak.
+  const StepPlan plan = plan_step(cfg);
+  EXPECT_NEAR(plan.weights, double(shard_bytes), double(pad));
+  EXPECT_NEAR(plan.gathered, double(fsdp.peak_gathered_bytes()), 0.01 * plan.gathered);
   if (world->rank() == 0)
     std::printf("fsdp memory, %d shards: whole model %lld B; per member %lld B of weights (%.3f of the whole), "
                 "peak gathered %lld B\n", n, (long long)whole_bytes, (long long)shard_bytes,

@@ -14,7 +14,7 @@ namespace vidit {
 struct ModelConfig {
   int64_t dim = 96;             // hidden size of every block
   int64_t ffn_dim = 256;        // MLP hidden size
-  int64_t heads = 2;            // attention heads; dim % heads == 0, head_dim even
+  int64_t heads = 4;            // attention heads; dim % heads == 0, head_dim even
   int64_t layers = 4;           // number of DiT blocks
   int64_t in_channels = 12;     // latent channels in (demo codec: 3*2*2)
   int64_t out_channels = 12;    // latent channels predicted

@@ -75,7 +75,7 @@ class FullyShardedDataParallel {
     int64_t shard_numel = 0;
     bool gathered = false, keep = false;  // keep: root, or reshard_after_forward = false
     int ready = 0;                       // gradients produced in this backward
-    bool reducing = false, reduced = false;
+    bool reducing = false;
     at::Tensor gather_buf;               // [S * shard_numel] while a gather is in flight
     WorkPtr gather_work;
     at::Tensor reduce_out;               // [shard_numel]

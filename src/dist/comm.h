@@ -89,6 +89,11 @@ class ForwardingComm : public Comm {
   std::shared_ptr<Comm> inner_;
 };
 
+// A communicator as an integer, for autograd functions (their saved_data holds IValues only);
+// whoever installs the function keeps the communicator alive.
+inline int64_t comm_address(const std::shared_ptr<Comm>& c) { return int64_t(reinterpret_cast<intptr_t>(c.get())); }
+inline Comm& comm_at(int64_t address) { return *reinterpret_cast<Comm*>(address); }
+
 // Size 1: every collective is an identity (copies where input and output differ).
 std::shared_ptr<Comm> make_single_comm();
 

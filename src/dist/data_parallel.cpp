@@ -112,9 +112,6 @@ void DataParallel::finish() {
 
 std::unique_ptr<DataParallel> apply_data_parallel(const std::vector<at::Tensor>& params, const Mesh& mesh,
                                                   const ParallelConfig& cfg) {
-  VIDIT_CHECK(mesh.degree("tensor") == 1, "parallel.tensor = ", mesh.degree("tensor"),
-              ": tensor parallel is not implemented yet; set parallel.tensor = 1 and give its processes to "
-              "parallel.replicate, parallel.ulysses or parallel.ring");
   const char* group = mesh.degree("sp") > 1 ? "dpsp" : "dp";
   if (mesh.degree(group) == 1) return nullptr;
   return std::make_unique<DataParallel>(params, mesh.group(group), std::max<int64_t>(1, int64_t(cfg.bucket_mb * (1 << 20))),

@@ -67,9 +67,10 @@ class DataParallel {
   bool armed_ = false;
 };
 
-// Gradient reduction for the mesh: over "dp" (replicate x shard, shard as plain data parallel until
-// FSDP lands), or over "dpsp" when tokens are split too, in buckets of parallel.bucket_mb.
-// Refuses what this build cannot train yet (tensor > 1). Returns nullptr for a 1-process group.
+// Gradient reduction for the mesh: over "dp" (replicate x shard), or over "dpsp" when tokens are
+// split too, in buckets of parallel.bucket_mb. Members of a tensor-parallel group reduce their
+// own parts in their own groups (which never mix tensor coordinates). Returns nullptr for a
+// 1-process group.
 std::unique_ptr<DataParallel> apply_data_parallel(const std::vector<at::Tensor>& params, const Mesh& mesh,
                                                   const ParallelConfig& cfg);
 

@@ -58,7 +58,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
     names_.push_back(item.key());
     params_.push_back(item.value());
   }
-  for (auto& p : params_) mesh.world()->broadcast(p, 0)->wait();  // every member starts from rank 0's weights
+  // Every member starts from the weights of its dpsp group's rank 0 (the members of a tensor
+  // group hold different parts).
+  for (auto& p : params_) mesh.group("dpsp")->broadcast(p, 0)->wait();
 
   units_.resize(1 + model.blocks->size());
   unit_of_.resize(params_.size());
@@ -214,15 +216,19 @@ void FullyShardedDataParallel::after_backward() {
   }
 }
 
-double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+double FullyShardedDataParallel::clip_grad_norm(double max_norm, const TensorParallel* tp) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  for (auto& [name, s] : shard_map_)
-    if (s.grad().defined()) grads.push_back(s.grad());
-  at::Tensor sq = at::zeros({1}, params_[0].options().dtype(at::kDouble));
-  for (const at::Tensor& g : grads) sq += g.to(at::kDouble).pow(2).sum();
+  // Sums of squares of the replicated and (tensor parallel) split parameters' shards.
+  at::Tensor sq = at::zeros({2}, params_[0].options().dtype(at::kDouble));
+  for (auto& [name, s] : shard_map_) {
+    if (!s.grad().defined()) continue;
+    grads.push_back(s.grad());
+    sq[tp && tp->split_dim(name) >= 0 ? 1 : 0] += s.grad().to(at::kDouble).pow(2).sum();
+  }
   shard_->all_reduce(sq, ReduceOp::Sum)->wait();
-  const double total = std::sqrt(sq.item<double>());
+  const double total = tp ? tp->global_norm(sq[0].item<double>(), sq[1].item<double>())
+                          : std::sqrt(sq.sum().item<double>());
   if (max_norm > 0 && total > max_norm && !grads.empty()) at::_foreach_mul_(grads, max_norm / (total + 1e-6));
   return total;
 }
@@ -266,8 +272,6 @@ int64_t FullyShardedDataParallel::shard_bytes() const {
 
 std::unique_ptr<FullyShardedDataParallel> apply_fsdp(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg) {
   if (mesh.degree("shard") == 1) return nullptr;
-  VIDIT_CHECK(mesh.degree("tensor") == 1, "parallel.tensor = ", mesh.degree("tensor"),
-              ": tensor parallel is not implemented yet; set parallel.tensor = 1");
   return std::make_unique<FullyShardedDataParallel>(model, mesh, cfg);
 }
 

@@ -32,6 +32,7 @@
 #include "core/config.h"
 #include "core/safetensors.h"
 #include "dist/mesh.h"
+#include "dist/tensor_parallel.h"
 #include "model/dit.h"
 
 namespace vidit {
@@ -54,8 +55,9 @@ class FullyShardedDataParallel {
   // After each micro-batch's backward: finishes the reductions and accumulates shard gradients.
   void after_backward();
   // Clips the shards' gradients to a global L2 norm (over the whole model) of max_norm (0: no
-  // clipping); returns the norm before clipping.
-  double clip_grad_norm(double max_norm);
+  // clipping); returns the norm before clipping. With tensor parallel (`tp`), the shards are of
+  // each member's parts, and the split parts' squares are summed over the tensor group too.
+  double clip_grad_norm(double max_norm, const TensorParallel* tp = nullptr);
 
   // Whole tensors from shard-shaped ones (collective over "shard"). Keys are parameter names,
   // optionally behind a prefix ("exp_avg/<name>"); other keys pass through unchanged.
@@ -102,7 +104,8 @@ class FullyShardedDataParallel {
   int64_t gathered_bytes_ = 0, peak_gathered_ = 0;
 };
 
-// FSDP when parallel.shard > 1 (nullptr otherwise). Refuses tensor > 1 (not implemented yet).
+// FSDP when parallel.shard > 1 (nullptr otherwise). With tensor parallel, apply it first: FSDP
+// then shards each member's parts.
 std::unique_ptr<FullyShardedDataParallel> apply_fsdp(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg);
 
 }  // namespace vidit

@@ -128,7 +128,8 @@ TEST(MpiWorker, FsdpCheckpointResumesAtAnotherMesh) {
   if (world->rank() == 0) {
     // The first mesh's checkpoint (step 5) is in parts when it sharded.
     const std::string step5 = dir + "/resharded/checkpoints/step_00000005";
-    const int64_t parts = first.parallel.shard;
+    // Sharded meshes write one part per shard; under tensor parallel the checkpoint is gathered whole.
+    const int64_t parts = first.parallel.tensor == 1 ? first.parallel.shard : 1;
     for (const char* what : {"model", "ema", "optimizer"})
       for (int64_t k = 0; k < parts && parts > 1; ++k) {
         char name[1024];

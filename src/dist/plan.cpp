@@ -21,13 +21,17 @@ StepPlan plan_step(const Config& cfg) {
   const auto& p = cfg.parallel;
   StepPlan plan;
   const double S = double(p.shard), R = double(p.replicate), u = double(p.ulysses), r = double(p.ring),
-               dp = R * S, sp = u * r;
+               T = double(p.tensor), dp = R * S, sp = u * r;
   plan.world = p.replicate * p.shard * p.ulysses * p.ring * p.tensor;
   plan.params = count_parameters(m);
-  const double P = double(plan.params), block = double(count_block_parameters(m)),
-               root = P - double(m.layers) * block;
+  const double d = double(m.dim), f = double(m.ffn_dim);
+  // Tensor parallel keeps 1/T of each block's q, k, v, QK norms and o (both attentions) and MLP.
+  const double split = 2 * (3 * (d * d + d) + 2 * d + d * d) + (d * f + f) + f * d;
+  const double block = double(count_block_parameters(m)) - split * (1 - 1 / T),
+               root = double(plan.params) - double(m.layers) * double(count_block_parameters(m)),
+               P = root + double(m.layers) * block;  // parameters per rank before FSDP
   const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
-  const double L = double(tokens_per_sample(cfg)), Lc = L / sp, d = double(m.dim);
+  const double L = double(tokens_per_sample(cfg)), Lc = L / sp, Lt = double(m.text_len);
   const double patch = double(m.patch[0] * m.patch[1] * m.patch[2]);
   const bool bf16 = cfg.train.precision == "bf16";
 
@@ -56,16 +60,27 @@ StepPlan plan_step(const Config& cfg) {
     add("reduce_scatter", "FSDP gradients", A * spread(S, (p.reduce_dtype == "bf16" ? 2 : 4) * P));
     add("all_reduce", "FSDP gradients over sp", A * all_reduce(sp, 4 * P / S));
     add("all_reduce", "HSDP gradients over replicate", A * all_reduce(R, 4 * P / S));
-    add("all_reduce", "bookkeeping", all_reduce(S, 8));
+    add("all_reduce", "bookkeeping", all_reduce(S, 16));
   } else {
     add("all_reduce", "data-parallel gradients", all_reduce(dp * sp, 4 * P));
   }
   add("all_reduce", "bookkeeping", all_reduce(dp, 32));
+  add("all_reduce", "bookkeeping", all_reduce(T, 8));
 
+  // Heads and MLP units split over tensor: per block and micro-batch, forward sums the partial
+  // outputs of both o projections and the MLP and the QK norms' sums of squares; backward sums
+  // the gradients of the inputs of q / k / v, cross-attention q, the text context and the MLP,
+  // and the norms' again.
+  const double norms = 4 * b * (3 * Lc + Lt);
+  add("all_reduce", "tensor parallel", A * double(m.layers) *
+                                           (all_reduce(T, 3 * b * Lc * d * 4 + norms) +
+                                            all_reduce(T, 3 * b * Lc * d * 4 + b * Lt * d * 4 + norms)));
   // Tokens split over sp.
   const double act = 4, v_bytes = bf16 ? 2 : 4;
-  add("all_to_all", "Ulysses", 2 * A * double(m.layers) * spread(u, b * Lc * d * (act + act + v_bytes + act)));
-  const double kv = 2 * b * (L / r) * (d / u) * 4;
+  // Attention sees this rank's heads: d / T features under tensor parallel.
+  const double dh = d / T;
+  add("all_to_all", "Ulysses", 2 * A * double(m.layers) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
+  const double kv = 2 * b * (L / r) * (dh / u) * 4;
   if (p.ring > 1) add("send", "ring attention", A * double(m.layers) * ((r - 1) * kv + (r - 1) * kv + r * kv));
   add("all_gather", "sequence output", A * spread(sp, b * L * double(m.out_channels) * patch * 4));
   return plan;
@@ -84,7 +99,8 @@ std::string human(double bytes) {
 
 std::string mesh_name(const ParallelConfig& p) {
   std::ostringstream os;
-  os << "replicate " << p.replicate << " x shard " << p.shard << " x ulysses " << p.ulysses << " x ring " << p.ring;
+  os << "replicate " << p.replicate << " x shard " << p.shard << " x ulysses " << p.ulysses << " x ring " << p.ring
+     << " x tensor " << p.tensor;
   return os.str();
 }
 
@@ -104,13 +120,15 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
 
 std::vector<MeshChoice> plan_meshes(const Config& cfg, int64_t world, double gpu_bytes) {
   std::vector<MeshChoice> out;
-  for (int64_t shard = 1; shard <= world; ++shard)
-    for (int64_t ulysses = 1; shard * ulysses <= world; ++ulysses)
-      for (int64_t ring = 1; shard * ulysses * ring <= world; ++ring) {
-        if (world % (shard * ulysses * ring)) continue;
+  for (int64_t tensor = 1; tensor <= world; ++tensor)
+  for (int64_t shard = 1; tensor * shard <= world; ++shard)
+    for (int64_t ulysses = 1; tensor * shard * ulysses <= world; ++ulysses)
+      for (int64_t ring = 1; tensor * shard * ulysses * ring <= world; ++ring) {
+        const int64_t used = tensor * shard * ulysses * ring;
+        if (world % used) continue;
         Config c = cfg;
-        c.parallel.shard = shard, c.parallel.ulysses = ulysses, c.parallel.ring = ring, c.parallel.tensor = 1;
-        c.parallel.replicate = world / (shard * ulysses * ring);
+        c.parallel.shard = shard, c.parallel.ulysses = ulysses, c.parallel.ring = ring, c.parallel.tensor = tensor;
+        c.parallel.replicate = world / used;
         try {
           validate_mesh(c, int(world));
         } catch (const Error&) {
@@ -132,10 +150,10 @@ std::string format_meshes(const Config& cfg, const std::vector<MeshChoice>& choi
   os << "meshes of " << (choices.empty() ? 0 : choices[0].plan.world) << " ranks for " << cfg.source
      << (gpu_bytes > 0 ? " (fits: memory per rank <= " + human(gpu_bytes) + ")" : "") << ", fewest bytes sent first:\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-4s %-44s %14s %14s\n", "fits", "mesh", "memory/rank", "sent/step");
+  std::snprintf(line, sizeof line, "  %-4s %-56s %14s %14s\n", "fits", "mesh", "memory/rank", "sent/step");
   os << line;
   for (const auto& c : choices) {
-    std::snprintf(line, sizeof line, "  %-4s %-44s %14s %14s\n", c.fits ? "yes" : "no", mesh_name(c.mesh).c_str(),
+    std::snprintf(line, sizeof line, "  %-4s %-56s %14s %14s\n", c.fits ? "yes" : "no", mesh_name(c.mesh).c_str(),
                   human(c.plan.memory()).c_str(), human(c.plan.comm()).c_str());
     os << line;
   }

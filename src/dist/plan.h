@@ -21,11 +21,17 @@
 //   ring            per block and micro-batch, r-1 hops of K and V (b x L/r x d/u each) forward;
 //                   r-1 hops of K, V and r of dK, dV backward;
 //   sequence split  all-gather of the head's output (b x L x C_out*patch) per micro-batch;
-//   bookkeeping     all-reduce of 4 doubles over dp (logged totals), 1 over shard (FSDP norm).
+//   tensor          per block and micro-batch, all-reduce over tensor of 3 b x Lc x d partial
+//                   outputs forward and of 3 b x Lc x d + b x Lt x d input gradients backward,
+//                   plus the QK norms' sums of squares (b x (3 Lc + Lt)) both ways; data
+//                   parallel and FSDP then move each rank's P_T = its part of the parameters,
+//                   and Ulysses and ring move d / T of the features;
+//   bookkeeping     all-reduce of 4 doubles over dp (logged totals), 2 over shard (FSDP norm),
+//                   1 over tensor (norm of the split parameters).
 // Exact for fp32 training; with bf16 the activation exchanges move fewer bytes than stated.
 //
-// Memory per rank: fp32 weights, gradients, AdamW moments and EMA, divided by the shard degree
-// under FSDP, plus the largest gathered units (root and two blocks); activations are an
+// Memory per rank: fp32 weights, gradients, AdamW moments and EMA of the rank's part (the split
+// block parameters divided by the tensor degree), divided by the shard degree under FSDP, plus the largest gathered units (root and two blocks); activations are an
 // estimate, (18 d + 2 ffn) x 4 bytes per local token per block (what a block saves for
 // backward), not a measurement.
 #pragma once
@@ -52,7 +58,7 @@ struct StepPlan {
 StepPlan plan_step(const Config& cfg);
 std::string format_plan(const Config& cfg, const StepPlan& plan);
 
-// Every mesh of `world` ranks that validate_mesh() accepts for this config (tensor = 1), its
+// Every mesh of `world` ranks that validate_mesh() accepts for this config, its
 // plan, and whether its memory fits `gpu_bytes` (0: no limit), fewest bytes sent first.
 struct MeshChoice {
   ParallelConfig mesh;

@@ -43,15 +43,15 @@ TEST(Plan, ListsOnlyMeshesThatSplitEvenlyAndMarksWhatFits) {
   auto all = plan_meshes(c, 16, 0);
   ASSERT_FALSE(all.empty());
   for (const auto& m : all) {
-    EXPECT_EQ(m.mesh.replicate * m.mesh.shard * m.mesh.ulysses * m.mesh.ring, 16);
-    EXPECT_EQ(c.model.heads % m.mesh.ulysses, 0);
+    EXPECT_EQ(m.mesh.replicate * m.mesh.shard * m.mesh.ulysses * m.mesh.ring * m.mesh.tensor, 16);
+    EXPECT_EQ(c.model.heads % (m.mesh.ulysses * m.mesh.tensor), 0);
   }
   // 80 GB: the unsharded 14B state (20 bytes per parameter with the EMA, 286 GB) cannot fit;
   // 16 shards can.
   auto fitting = plan_meshes(c, 16, 80e9);
   bool replicated_fits = true, sharded_fits = false;
   for (const auto& m : fitting) {
-    if (m.mesh.shard == 1) replicated_fits &= m.fits;
+    if (m.mesh.shard == 1 && m.mesh.tensor == 1) replicated_fits &= m.fits;
     if (m.mesh.shard == 16 && m.fits) sharded_fits = true;
   }
   EXPECT_FALSE(replicated_fits);
@@ -104,7 +104,11 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Hsdp2x2Bf16Reduce", 4, "parallel.replicate=2 parallel.shard=2 parallel.reduce_dtype=bf16"},
                       test::WorkerMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
                       test::WorkerMesh{"Fsdp2xUlysses2", 4, "parallel.shard=2 parallel.ulysses=2 parallel.reshard_after_forward=false"},
-                      test::WorkerMesh{"Ring4", 4, "parallel.ring=4"}),
+                      test::WorkerMesh{"Ring4", 4, "parallel.ring=4"},
+                      test::WorkerMesh{"Tensor2xReplicate2", 4, "parallel.replicate=2 parallel.tensor=2 train.grad_accum=2"},
+                      test::WorkerMesh{"Shard2xTensor2", 4, "parallel.shard=2 parallel.tensor=2"},
+                      test::WorkerMesh{"Tensor2xUlysses2", 4, "parallel.tensor=2 parallel.ulysses=2 model.heads=4"},
+                      test::WorkerMesh{"Tensor2xRing2", 4, "parallel.tensor=2 parallel.ring=2"}),
     test::mesh_test_name);
 
 }  // namespace

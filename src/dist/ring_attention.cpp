@@ -78,14 +78,14 @@ Hop hop(Comm& ring, const at::Tensor& block, int tag = 0) {
 
 // The communicator rides in the autograd context as an address: the model's attention function
 // holds the shared_ptr, so it outlives every graph built with it.
-Comm& comm_of(AutogradContext* ctx) { return *reinterpret_cast<Comm*>(ctx->saved_data["comm"].toInt()); }
+Comm& comm_of(AutogradContext* ctx) { return comm_at(ctx->saved_data["comm"].toInt()); }
 
 class RingAttention : public torch::autograd::Function<RingAttention> {
  public:
   // q, k, v [B, Lc, H, D] -> [B, Lc, H * D]
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             int64_t comm) {
-    Comm& ring = *reinterpret_cast<Comm*>(comm);
+    Comm& ring = comm_at(comm);
     const int n = ring.size();
     const auto real = accum_type(q);
     at::Tensor qt = q.transpose(1, 2).contiguous();
@@ -145,7 +145,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   VIDIT_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && k.sizes() == v.sizes(),
               "ring attention: q, k, v must be [B, L, heads, head_dim] of one shape (got ", q.sizes(), ", ",
               k.sizes(), ", ", v.sizes(), ")");
-  return RingAttention::apply(q, k, v, int64_t(reinterpret_cast<intptr_t>(ring.get())));
+  return RingAttention::apply(q, k, v, comm_address(ring));
 }
 
 }  // namespace vidit

@@ -11,9 +11,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-Comm& comm_at(int64_t address) { return *reinterpret_cast<Comm*>(address); }
-int64_t address_of(const std::shared_ptr<Comm>& c) { return int64_t(reinterpret_cast<intptr_t>(c.get())); }
-
 at::Tensor all_to_all(Comm& comm, const at::Tensor& in) {
   at::Tensor out = at::empty_like(in);
   comm.all_to_all(in, out)->wait();
@@ -75,15 +72,15 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
 }  // namespace
 
 at::Tensor tokens_to_heads(const at::Tensor& x, const std::shared_ptr<Comm>& comm) {
-  return comm->size() == 1 ? x : TokensToHeads::apply(x, address_of(comm));
+  return comm->size() == 1 ? x : TokensToHeads::apply(x, comm_address(comm));
 }
 
 at::Tensor heads_to_tokens(const at::Tensor& x, const std::shared_ptr<Comm>& comm) {
-  return comm->size() == 1 ? x : HeadsToTokens::apply(x, address_of(comm));
+  return comm->size() == 1 ? x : HeadsToTokens::apply(x, comm_address(comm));
 }
 
 at::Tensor gather_tokens(const at::Tensor& x, const std::shared_ptr<Comm>& comm) {
-  return comm->size() == 1 ? x : GatherTokens::apply(x, address_of(comm));
+  return comm->size() == 1 ? x : GatherTokens::apply(x, comm_address(comm));
 }
 
 AttentionFn ulysses_attention(std::shared_ptr<Comm> ulysses, AttentionFn inner) {

@@ -20,9 +20,9 @@ DiTBlockImpl::DiTBlockImpl(const ModelConfig& c) : eps(c.eps) {
   self_attn = register_module("self_attn", SelfAttention(c.dim, c.heads, c.eps));
   cross_attn = register_module("cross_attn", CrossAttention(c.dim, c.heads, c.eps));
   norm3 = register_module("norm3", nn::LayerNorm(nn::LayerNormOptions({c.dim}).eps(c.eps)));
-  ffn = register_module("ffn", nn::Sequential(nn::Linear(c.dim, c.ffn_dim),
-                                              nn::GELU(nn::GELUOptions().approximate("tanh")),
-                                              nn::Linear(c.ffn_dim, c.dim)));
+  fc1 = nn::Linear(c.dim, c.ffn_dim);
+  fc2 = nn::Linear(c.ffn_dim, c.dim);
+  ffn = register_module("ffn", nn::Sequential(fc1, nn::GELU(nn::GELUOptions().approximate("tanh")), fc2));
   modulation = register_parameter("modulation", at::zeros({1, 6, c.dim}));
 }
 
@@ -35,8 +35,12 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& e0,
   at::Tensor y = self_attn->forward(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
   x = at::addcmul(x, fp32(y), e[2]);  // x + y * gate, one pass
   x = x + fp32(cross_attn->forward(norm3(x), context));
-  y = ffn->forward(layernorm_modulate(x, e[3], e[4], eps));
+  y = mlp(layernorm_modulate(x, e[3], e[4], eps));
   return at::addcmul(x, fp32(y), e[5]);
+}
+
+at::Tensor DiTBlockImpl::mlp(const at::Tensor& x) {
+  return ffn_split.out(fc2, at::gelu(fc1(ffn_split.in(x)), "tanh"));
 }
 
 HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {

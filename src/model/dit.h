@@ -30,7 +30,12 @@ struct DiTBlockImpl : torch::nn::Module {
   SelfAttention self_attn{nullptr};
   CrossAttention cross_attn{nullptr};
   torch::nn::LayerNorm norm3{nullptr};
+  // The MLP: Linear fc1 (dim -> ffn_dim), GELU-tanh, Linear fc2 (ffn_dim -> dim); registered
+  // as the Sequential "ffn" (keys ffn.0, ffn.2), called through fc1 / fc2.
+  at::Tensor mlp(const at::Tensor& x);
   torch::nn::Sequential ffn{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  FeatureSplit ffn_split;  // empty: every MLP hidden unit in this process
   at::Tensor modulation;  // [1, 6, dim]
 };
 TORCH_MODULE(DiTBlock);

@@ -11,7 +11,14 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  return rmsnorm(fp32(x), fp32(weight), eps);
+  if (!mean_square) return rmsnorm(fp32(x), fp32(weight), eps);
+  at::Tensor xf = fp32(x);
+  return xf * at::rsqrt(mean_square(xf) + eps) * fp32(weight);
+}
+
+at::Tensor FeatureSplit::out(torch::nn::Linear proj, const at::Tensor& y) const {
+  if (!combine) return proj(y);
+  return combine(at::linear(y, proj->weight)) + proj->bias;
 }
 
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
@@ -42,11 +49,13 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads_, double eps) : 
 
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                       const at::Tensor& sin) {
-  const int64_t B = x.size(0), L = x.size(1), hd = x.size(2) / heads;
-  at::Tensor qh = rope_apply(norm_q(q(x)).view({B, L, heads, hd}), cos, sin);
-  at::Tensor kh = rope_apply(norm_k(k(x)).view({B, L, heads, hd}), cos, sin);
-  at::Tensor vh = v(x).view({B, L, heads, hd});
-  return o(attention_fn ? attention_fn(qh, kh, vh) : attention(qh, kh, vh));
+  const int64_t B = x.size(0), L = x.size(1);
+  at::Tensor xs = split.in(x);
+  auto heads_of = [&](const at::Tensor& t) { return t.view({B, L, heads, t.size(2) / heads}); };
+  at::Tensor qh = rope_apply(heads_of(norm_q(q(xs))), cos, sin);
+  at::Tensor kh = rope_apply(heads_of(norm_k(k(xs))), cos, sin);
+  at::Tensor vh = heads_of(v(xs));
+  return split.out(o, attention_fn ? attention_fn(qh, kh, vh) : attention(qh, kh, vh));
 }
 
 CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
@@ -59,11 +68,11 @@ CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) 
 }
 
 at::Tensor CrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context) {
-  const int64_t B = x.size(0), L = x.size(1), Lc = context.size(1), hd = x.size(2) / heads;
-  at::Tensor qh = norm_q(q(x)).view({B, L, heads, hd});
-  at::Tensor kh = norm_k(k(context)).view({B, Lc, heads, hd});
-  at::Tensor vh = v(context).view({B, Lc, heads, hd});
-  return o(attention(qh, kh, vh));
+  const int64_t B = x.size(0), L = x.size(1), Lc = context.size(1);
+  at::Tensor xs = split.in(x), cs = split.in(context);
+  at::Tensor qh = norm_q(q(xs)), kh = norm_k(k(cs)), vh = v(cs);
+  const int64_t hd = qh.size(2) / heads;
+  return split.out(o, attention(qh.view({B, L, heads, hd}), kh.view({B, Lc, heads, hd}), vh.view({B, Lc, heads, hd})));
 }
 
 }  // namespace vidit

@@ -18,6 +18,9 @@ struct RMSNormImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
+  // The mean of x^2 over the whole normalised vector, [..., 1]. Empty: over x's last dim (one
+  // fused kernel). Set when the vector's features are split over processes (FeatureSplit).
+  std::function<at::Tensor(const at::Tensor& x)> mean_square;
 };
 TORCH_MODULE(RMSNorm);
 
@@ -26,6 +29,24 @@ TORCH_MODULE(RMSNorm);
 // with it (kernels/layernorm_modulate.h), the ATen composition elsewhere.
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                               double eps);
+
+// How a run that splits each layer's features (attention heads, MLP hidden units) over
+// processes plugs into the model (dist/tensor_parallel.h); the model only calls these, and in
+// one process none is set. Projections into split features (q, k, v, the first MLP layer) hold
+// only this process's output rows; projections out of them (o, the second MLP layer) hold only
+// its input columns.
+struct FeatureSplit {
+  // The input of projections into split features (identity; backward adds up the members'
+  // gradients, since each member's split features depend on the whole input).
+  std::function<at::Tensor(const at::Tensor&)> enter;
+  // Adds up the members' partial outputs of a projection out of split features (backward:
+  // identity, every member continues with the same sum).
+  std::function<at::Tensor(const at::Tensor&)> combine;
+
+  at::Tensor in(const at::Tensor& x) const { return enter ? enter(x) : x; }
+  // out(y): the bias is added once, after the partial products are summed.
+  at::Tensor out(torch::nn::Linear proj, const at::Tensor& y) const;
+};
 
 // Scaled dot-product attention over [B, L, heads, head_dim] tensors (returns [B, Lq, heads*hd]).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
@@ -39,8 +60,9 @@ struct SelfAttentionImpl : torch::nn::Module {
   SelfAttentionImpl(int64_t dim, int64_t heads, double eps);
   // x [B, L, dim]; cos/sin [L, head_dim/2] from rope_tables().
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  int64_t heads;
+  int64_t heads;             // in this process (all of them unless split)
   AttentionFn attention_fn;  // empty: attention()
+  FeatureSplit split;        // empty: every head in this process
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };
@@ -51,7 +73,8 @@ struct CrossAttentionImpl : torch::nn::Module {
   CrossAttentionImpl(int64_t dim, int64_t heads, double eps);
   // x [B, L, dim], context [B, Ltext, dim]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context);
-  int64_t heads;
+  int64_t heads;       // in this process
+  FeatureSplit split;  // empty: every head in this process
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };

@@ -70,7 +70,9 @@ StepResult Trainer::step() {
     flops = totals[3].item<double>();
   }
 
-  const double grad_norm = fsdp_ ? fsdp_->clip_grad_norm(tc.grad_clip) : clip_grad_norm(param_list_, tc.grad_clip);
+  const double grad_norm = fsdp_ ? fsdp_->clip_grad_norm(tc.grad_clip, tp_.get())
+                           : tp_ ? tp_->clip_grad_norm(params_, tc.grad_clip)
+                                 : clip_grad_norm(param_list_, tc.grad_clip);
   opt_->step(lr);
   if (ema_) ema_->update(params_);
   ++step_;

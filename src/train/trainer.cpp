@@ -46,6 +46,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     param_list_.push_back(item.value());
   }
   if (mesh_) {
+    tp_ = apply_tensor_parallel(*model_, *mesh_);  // params_ now hold this member's parts
     apply_sequence_parallel(*model_, *mesh_);
     // Sharded (FSDP / HSDP) or replicated (DDP) parameters; with FSDP the optimizer and the EMA
     // hold shards.
@@ -64,8 +65,14 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(params_, cfg.train.ema_decay);
 }
 
-TensorMap Trainer::whole(const TensorMap& m) const { return fsdp_ ? fsdp_->gather_full(m) : m; }
-TensorMap Trainer::local(const TensorMap& m) const { return fsdp_ ? fsdp_->shard_of(m) : m; }
+TensorMap Trainer::whole(const TensorMap& m) const {
+  TensorMap parts = fsdp_ ? fsdp_->gather_full(m) : m;
+  return tp_ ? tp_->gather_whole(parts) : parts;
+}
+TensorMap Trainer::local(const TensorMap& m) const {
+  TensorMap parts = tp_ ? tp_->part_of(m) : m;
+  return fsdp_ ? fsdp_->shard_of(parts) : parts;
+}
 
 std::string Trainer::save() {
   CheckpointState s;
@@ -77,6 +84,11 @@ std::string Trainer::save() {
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   const auto& tc = cfg_.train;
+  if (tp_) {
+    // Tensor parallel: gathered whole (collective), written by rank 0.
+    s.model = whole(s.model), s.ema = whole(s.ema), s.optimizer = whole(s.optimizer);
+    return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
+  }
   if (!fsdp_) return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
   // Sharded: each shard is written once (by its member with replicate and sp coordinates 0),
   // between barriers, and rank 0 commits.
@@ -92,13 +104,18 @@ std::string Trainer::save() {
 
 void Trainer::load(const std::string& dir) {
   CheckpointState s = load_checkpoint(dir);
+  TensorMap model = s.model;
+  if (tp_) {
+    check_state_dict(tp_->whole_params(), model, dir + "/model.safetensors");
+    model = tp_->part_of(model);
+  }
   if (fsdp_) {
-    check_state_dict(fsdp_->full_params(), s.model, dir + "/model.safetensors");
-    TensorMap mine = fsdp_->shard_of(s.model);
+    if (!tp_) check_state_dict(fsdp_->full_params(), model, dir + "/model.safetensors");
+    TensorMap mine = fsdp_->shard_of(model);
     at::NoGradGuard ng;
     for (auto& [name, p] : params_) p.copy_(mine.at(name));
   } else {
-    load_state_dict(*model_, s.model, dir + "/model.safetensors");
+    load_state_dict(*model_, model, dir + "/model.safetensors");
   }
   if (ema_) {
     VIDIT_CHECK(!s.ema.empty(), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");

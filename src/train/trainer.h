@@ -10,7 +10,9 @@
 // "sp" group (dist/sequence_parallel.h) and the gradient shares summed there. Logged numbers are
 // global; only rank 0 writes checkpoints, metrics and console lines. With parallel.shard > 1 the
 // parameters, gradients, AdamW state and EMA are sharded (dist/fsdp.h): model() then holds no
-// weights between steps, and checkpoints are gathered whole, so they load at any mesh.
+// weights between steps, and checkpoints are gathered whole, so they load at any mesh. With
+// parallel.tensor > 1 each block's heads and MLP units are split over the "tensor" group first
+// (dist/tensor_parallel.h); the reductions and FSDP then act on each member's parts.
 #pragma once
 #include <functional>
 #include <memory>
@@ -22,6 +24,7 @@
 #include "dist/data_parallel.h"
 #include "dist/fsdp.h"
 #include "dist/mesh.h"
+#include "dist/tensor_parallel.h"
 #include "model/dit.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
@@ -97,7 +100,9 @@ class Trainer {
   std::shared_ptr<const Mesh> mesh_;
   std::unique_ptr<DataParallel> dp_;  // null in a single process and under FSDP
   std::unique_ptr<FullyShardedDataParallel> fsdp_;  // parallel.shard > 1
-  // Checkpoint tensors: whole ones from what this member holds, and back (identity without FSDP).
+  std::unique_ptr<TensorParallel> tp_;               // parallel.tensor > 1
+  // Checkpoint tensors: whole ones from what this member holds, and back (identity in one
+  // process and under plain data parallel).
   TensorMap whole(const TensorMap& m) const;
   TensorMap local(const TensorMap& m) const;
 };

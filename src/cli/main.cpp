@@ -77,9 +77,9 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
                 format_info(cfg, model_info(cfg)).c_str());
     if (env.world > 1)
       std::printf("distributed: %d processes (%s, %s), data parallel over %d (parameters sharded over %d), "
-                  "tokens split over %d (ulysses %d x ring %d)\n",
+                  "tokens split over %d (ulysses %d x ring %d), heads and MLP split over %d (tensor)\n",
                   env.world, env.launcher.c_str(), mesh->world()->backend().c_str(), dp, mesh->degree("shard"),
-                  mesh->degree("sp"), mesh->degree("ulysses"), mesh->degree("ring"));
+                  mesh->degree("sp"), mesh->degree("ulysses"), mesh->degree("ring"), mesh->degree("tensor"));
   }
   std::shared_ptr<BatchSource> data;
   if (cfg.data.source == "demo") {
@@ -192,8 +192,9 @@ int cmd_demo(const CommonOpts& o, bool resume) {
   if (!mesh || mesh->rank() == 0) {
     std::printf("vidit demo: %s\n", format_info(cfg, model_info(cfg)).c_str());
     if (mesh)
-      std::printf("distributed: %d processes, data parallel over %d (parameters sharded over %d), tokens split over %d\n",
-                  env.world, mesh->degree("dp"), mesh->degree("shard"), mesh->degree("sp"));
+      std::printf("distributed: %d processes, data parallel over %d (parameters sharded over %d), tokens split over "
+                  "%d, heads split over %d\n",
+                  env.world, mesh->degree("dp"), mesh->degree("shard"), mesh->degree("sp"), mesh->degree("tensor"));
   }
   auto report = demo::run_demo(cfg, resume, mesh);
   return report.adherence() >= 0.9 ? 0 : 3;

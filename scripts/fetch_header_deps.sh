@@ -14,7 +14,7 @@ DEST=${1:-${VIDIT_DEBS_DIR:-$ROOT/third_party/debs}}
 # The five named packages, then what they need at link / run time, then optional extras.
 PKGS=(libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libbenchmark-dev
       libtomlplusplus3 libbenchmark1debian)
-OPTIONAL=(libpng-dev libpng16-16 zlib1g-dev libgmock-dev)
+OPTIONAL=(libpng-dev libpng16-16 zlib1g-dev libgmock-dev libgloo-dev)
 
 command -v apt-get >/dev/null || { echo "fetch_header_deps: apt-get not found (Debian/Ubuntu only)"; exit 1; }
 command -v dpkg >/dev/null || { echo "fetch_header_deps: dpkg not found"; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what vidit needs on a fresh Debian 12 machine: the system libraries
-# (FFmpeg, OpenMPI, toml++, CLI11, nlohmann-json, zstd, xxHash, libpng, GoogleTest, Google Benchmark,
+# (FFmpeg, OpenMPI, gloo headers, toml++, CLI11, nlohmann-json, zstd, xxHash, libpng, GoogleTest, Google Benchmark,
 # ccache, ninja) with apt-get, and torch (for LibTorch) with pip.
 # Idempotent and quick when everything is already there.
 set -euo pipefail
@@ -8,7 +8,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       ffmpeg libavformat-dev libavcodec-dev libavutil-dev libswscale-dev
       libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libzstd-dev libxxhash-dev libpng-dev
       libgtest-dev libgmock-dev libbenchmark-dev
-      openmpi-bin libopenmpi-dev)
+      openmpi-bin libopenmpi-dev libgloo-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

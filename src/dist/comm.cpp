@@ -1,7 +1,11 @@
 // The single-process communicator and the choice of the world communicator.
 #include "dist/comm.h"
 
+#include <chrono>
+#include <cstdlib>
+
 #include "core/error.h"
+#include "dist/comm_c10d.h"
 #include "dist/comm_mpi.h"
 
 namespace vidit {
@@ -63,25 +67,35 @@ std::shared_ptr<Comm> make_single_comm() { return std::make_shared<SingleComm>()
 
 #ifdef VIDIT_HAVE_MPI
 bool have_mpi() { return true; }
-std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env) {
+void abort_world(int code) { mpi_abort(code); }  // returns when MPI is not running
+#else
+bool have_mpi() { return false; }
+void abort_world(int) {}
+#endif
+
+std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env, at::DeviceType device) {
   if (env.world == 1) return make_single_comm();
+  std::string engine = device == at::kCUDA ? "nccl" : env.launcher == "torchrun" ? "gloo" : "mpi";
+  if (const char* chosen = std::getenv("VIDIT_COMM")) engine = chosen;
+  if (engine == "gloo" || engine == "nccl") {
+    const char* t = std::getenv("VIDIT_COMM_TIMEOUT_S");
+    const double seconds = t ? std::atof(t) : 600.0;
+    VIDIT_CHECK(seconds > 0, "VIDIT_COMM_TIMEOUT_S = '", t, "' must be a positive number of seconds");
+    return make_c10d_world_comm(env, engine, std::chrono::milliseconds(int64_t(seconds * 1000)));
+  }
+  VIDIT_CHECK(engine == "mpi", "VIDIT_COMM = '", engine, "': the engines are mpi, gloo and nccl");
+#ifdef VIDIT_HAVE_MPI
   auto world = make_mpi_world_comm();
   VIDIT_CHECK(world->size() == env.world && world->rank() == env.rank, "the ", env.launcher,
               " environment says rank ", env.rank, " of ", env.world, " but MPI sees rank ", world->rank(), " of ",
-              world->size(), ". CPU collectives need processes started by mpirun or srun (--mpi=pmix); "
-              "torchrun's processes are joined by the TCPStore/NCCL backend, which this build does not have yet");
+              world->size(), ". The MPI engine needs processes started by mpirun or srun (--mpi=pmix); for "
+              "other launchers set VIDIT_COMM=gloo (CPU) or nccl (CUDA) with MASTER_ADDR / MASTER_PORT");
   return world;
-}
-void abort_world(int code) { mpi_abort(code); }
 #else
-bool have_mpi() { return false; }
-std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env) {
-  VIDIT_CHECK(env.world == 1, "launched as rank ", env.rank, " of ", env.world, " by ", env.launcher,
-              ", but this vidit was built without MPI: install OpenMPI (scripts/install_deps.sh) and "
-              "reconfigure with -DVIDIT_MPI=ON");
-  return make_single_comm();
-}
-void abort_world(int) {}
+  fail("launched as rank ", env.rank, " of ", env.world, " by ", env.launcher,
+       ", but this vidit was built without MPI: install OpenMPI (scripts/install_deps.sh) and reconfigure with "
+       "-DVIDIT_MPI=ON, or use torchrun (the gloo engine)");
 #endif
+}
 
 }  // namespace vidit

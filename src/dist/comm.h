@@ -97,10 +97,12 @@ inline Comm& comm_at(int64_t address) { return *reinterpret_cast<Comm*>(address)
 // Size 1: every collective is an identity (copies where input and output differ).
 std::shared_ptr<Comm> make_single_comm();
 
-// The world communicator for this launch: the single-process one when env.world == 1, else MPI
-// (initialised here; its rank and size must agree with `env`, or this throws naming both).
-// Throws when env.world > 1 in a build without MPI.
-std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env);
+// The world communicator for this launch: the single-process one when env.world == 1, else the
+// engine VIDIT_COMM names ("mpi", "gloo" or "nccl"), or by default: "nccl" when the tensors live
+// on CUDA; "mpi" for processes started by mpirun or srun (initialised here; its rank and size
+// must agree with `env`, or this throws naming both); "gloo" for torchrun's (dist/comm_c10d.h).
+// Throws, saying what to install or set, when the engine is not in this build.
+std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env, at::DeviceType device = at::kCPU);
 
 // True when this build has MPI.
 bool have_mpi();

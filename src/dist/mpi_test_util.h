@@ -16,6 +16,7 @@
 #include <string>
 
 #include "dist/comm.h"
+#include "dist/comm_c10d.h"
 
 namespace vidit::test {
 
@@ -70,6 +71,40 @@ inline ProcessResult mpirun_worker(int np, const std::string& test, const std::s
                                    int limit_s = 120) {
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   return mpirun(np, (env.empty() ? "" : "env " + env + " ") + self + " --gtest_color=no --gtest_filter=" + test, limit_s);
+}
+
+// torchrun (python3 -m torch.distributed.run, from the torch this build uses), or "" (with the
+// reason in *why) when it or the gloo engine is missing.
+inline std::string torchrun_launcher(std::string* why) {
+#ifdef VIDIT_PYTHON
+  const std::string py = VIDIT_PYTHON;
+#else
+  const std::string py = "python3";
+#endif
+  if (!have_c10d_engine("gloo")) {
+    *why = "built without the gloo engine (install libgloo-dev and reconfigure)";
+    return "";
+  }
+  if (run_process(py + " -c 'import torch.distributed.run'").status != 0) {
+    *why = py + " cannot import torch.distributed.run";
+    return "";
+  }
+  return py + " -m torch.distributed.run";
+}
+
+// `np` processes of `command` started by torchrun on this machine (--standalone: it picks the
+// rendezvous port), killed after `limit_s` seconds (then status 124).
+inline ProcessResult torchrun(int np, const std::string& command, int limit_s = 120) {
+  std::string why, exe = torchrun_launcher(&why);
+  return run_process("env VIDIT_MPI_WORKER=1 OMP_NUM_THREADS=1 timeout -k 5 " + std::to_string(limit_s) + " " + exe +
+                     " --standalone --nproc-per-node=" + std::to_string(np) + " --no-python " + command);
+}
+
+// This test binary running one worker test under torchrun.
+inline ProcessResult torchrun_worker(int np, const std::string& test, const std::string& env = "", int limit_s = 120) {
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  return torchrun(np, (env.empty() ? "" : "env " + env + " ") + self + " --gtest_color=no --gtest_filter=" + test,
+                  limit_s);
 }
 
 // Every rank ran the worker and it passed (not skipped).

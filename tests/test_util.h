@@ -14,7 +14,7 @@ inline Config tiny_config(const std::vector<std::string>& extra = {}) {
   std::vector<std::string> sets = {
       "model.dim=32",          "model.ffn_dim=64",        "model.heads=2",        "model.layers=2",
       "model.in_channels=4",   "model.out_channels=4",    "model.text_dim=8",     "model.text_len=4",
-      "model.freq_dim=16",     "data.source=\"synthetic\"", "data.latent_frames=2", "data.latent_height=4",
+      "model.freq_dim=16",     "model.patch=[1,2,2]",     "data.source=\"synthetic\"", "data.latent_frames=2", "data.latent_height=4",
       "data.latent_width=4",   "train.batch_size=2",      "train.threads=1",      "train.log_every=1000"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return parse_config("", "<test>", sets);

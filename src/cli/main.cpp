@@ -1,5 +1,6 @@
 // `vidit`: one binary, subcommands train | sample | info | plan | demo | prepare. Every subcommand
 // takes --config FILE (TOML; defaults are the embedded demo) and repeated --set section.key=value.
+#include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -63,13 +64,26 @@ int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib) {
   return 0;
 }
 
+// train.device: the GPU of this process's local rank when asked for, or (auto) when one is present.
+at::Device train_device(const Config& cfg, const LaunchEnv& env) {
+  const std::string& want = cfg.train.device;
+  if (want == "cpu" || (want == "auto" && !torch::cuda::is_available())) return at::kCPU;
+  VIDIT_CHECK(torch::cuda::is_available(), "train.device = \"cuda\" but this torch sees no GPU (a CPU build, or no "
+              "driver); set train.device = \"cpu\" or build against a CUDA torch");
+  const int64_t gpus = int64_t(torch::cuda::device_count());
+  VIDIT_CHECK(env.local_rank < gpus, "rank ", env.rank, " has local rank ", env.local_rank, " but this node has ",
+              gpus, " GPUs; start one process per GPU");
+  return at::Device(at::kCUDA, int8_t(env.local_rank));
+}
+
 int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
   Config cfg = load_config(o.config, o.sets);
   // Distributed: the launcher's environment says who we are; a mesh that cannot fit is refused
   // before MPI starts.
   const LaunchEnv env = detect_launch_env();
   validate_mesh(cfg, env.world);
-  auto mesh = std::make_shared<Mesh>(cfg, make_world_comm(env));
+  const at::Device device = train_device(cfg, env);
+  auto mesh = std::make_shared<Mesh>(cfg, make_world_comm(env, device.type()));
   const bool lead = mesh->rank() == 0;
   const int dp_rank = mesh->coord("dp"), dp = mesh->degree("dp");
   if (lead) {
@@ -97,7 +111,7 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
     data = std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed),
                                               cfg.train.seed, dp_rank, dp);
   }
-  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), at::kCPU,
+  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), device,
                   env.world > 1 ? mesh : nullptr);
   if (resume) {
     const bool found = trainer.resume();

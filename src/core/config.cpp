@@ -232,7 +232,7 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("schedule", t.schedule); b.get("weight_decay", t.weight_decay);
     b.get("beta1", t.beta1); b.get("beta2", t.beta2); b.get("adam_eps", t.adam_eps);
     b.get("grad_clip", t.grad_clip); b.get("ema_decay", t.ema_decay); b.get("seed", t.seed);
-    b.get("precision", t.precision); b.get("out_dir", t.out_dir); b.get("log_every", t.log_every);
+    b.get("precision", t.precision); b.get("device", t.device); b.get("out_dir", t.out_dir); b.get("log_every", t.log_every);
     b.get("ckpt_every", t.ckpt_every); b.get("keep_checkpoints", t.keep_checkpoints);
     b.get("threads", t.threads); b.get("init_from", t.init_from);
     b.finish();
@@ -335,6 +335,8 @@ void validate_config(const Config& c) {
               ": train.warmup_steps, train.ckpt_every and train.threads must be >= 0");
   VIDIT_CHECK(t.schedule == "cosine" || t.schedule == "constant", f,
               ": train.schedule must be \"cosine\" or \"constant\" (got \"", t.schedule, "\")");
+  VIDIT_CHECK(t.device == "auto" || t.device == "cpu" || t.device == "cuda", f,
+              ": train.device must be \"auto\", \"cpu\" or \"cuda\" (got \"", t.device, "\")");
   VIDIT_CHECK(t.precision == "fp32" || t.precision == "bf16", f,
               ": train.precision must be \"fp32\" or \"bf16\" (got \"", t.precision, "\")");
   VIDIT_CHECK(t.ema_decay >= 0 && t.ema_decay < 1, f, ": train.ema_decay must be in [0, 1)");
@@ -410,7 +412,7 @@ std::string config_to_toml(const Config& c) {
      << "\nwarmup_steps = " << t.warmup_steps << "\nschedule = " << s(t.schedule)
      << "\nweight_decay = " << t.weight_decay << "\nbeta1 = " << t.beta1 << "\nbeta2 = " << t.beta2
      << "\nadam_eps = " << t.adam_eps << "\ngrad_clip = " << t.grad_clip
-     << "\nema_decay = " << t.ema_decay << "\nseed = " << t.seed << "\nprecision = " << s(t.precision)
+     << "\nema_decay = " << t.ema_decay << "\nseed = " << t.seed << "\nprecision = " << s(t.precision) << "\ndevice = " << s(t.device)
      << "\nout_dir = " << s(t.out_dir) << "\nlog_every = " << t.log_every
      << "\nckpt_every = " << t.ckpt_every << "\nkeep_checkpoints = " << t.keep_checkpoints
      << "\nthreads = " << t.threads << "\ninit_from = " << s(t.init_from);

@@ -12,13 +12,13 @@
 namespace vidit {
 
 struct ModelConfig {
-  int64_t dim = 96;             // hidden size of every block
+  int64_t dim = 128;            // hidden size of every block
   int64_t ffn_dim = 256;        // MLP hidden size
   int64_t heads = 4;            // attention heads; dim % heads == 0, head_dim even
   int64_t layers = 4;           // number of DiT blocks
   int64_t in_channels = 12;     // latent channels in (demo codec: 3*2*2)
   int64_t out_channels = 12;    // latent channels predicted
-  std::array<int64_t, 3> patch{1, 2, 2};  // (t, h, w) patch of the Conv3d embedding
+  std::array<int64_t, 3> patch{2, 2, 2};  // (t, h, w) patch of the Conv3d embedding
   int64_t text_dim = 32;        // width of the text embeddings fed in (umT5: 4096)
   int64_t text_len = 8;         // text tokens; shorter captions are zero-padded (Wan: 512)
   int64_t freq_dim = 256;       // sinusoidal timestep embedding width
@@ -75,7 +75,7 @@ struct DiffusionConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 10000;          // optimizer steps
+  int64_t steps = 12000;          // optimizer steps
   int64_t batch_size = 12;        // samples per micro-batch
   int64_t grad_accum = 1;         // micro-batches per optimizer step
   double lr = 2e-3;               // peak learning rate
@@ -90,6 +90,7 @@ struct TrainConfig {
   double ema_decay = 0.999;       // EMA of the weights; 0 disables
   uint64_t seed = 0;              // seeds init, data order, noise and timesteps
   std::string precision = "fp32"; // "fp32" or "bf16" (autocast matmuls; fp32 norms/modulation/RoPE)
+  std::string device = "auto";    // "auto" (CUDA when present), "cpu" or "cuda" (GPU = LOCAL_RANK)
   std::string out_dir = "runs/demo";  // checkpoints, metrics.jsonl, samples
   int64_t log_every = 50;         // steps between log lines
   int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end

@@ -74,7 +74,7 @@ struct PreparedCache {
     }
     m << "{broken json\n";
     config = dir / "prepare.toml";
-    std::ofstream(config) << "[model]\nin_channels = 12\nout_channels = 12\n"
+    std::ofstream(config) << "[model]\nin_channels = 12\nout_channels = 12\npatch = [1, 2, 2]\n"
                           << "[data]\nsource = \"cache\"\nmanifest = \"" << (dir / "manifest.jsonl") << "\"\n"
                           << "cache_dir = \"" << (dir / "cache") << "\"\ncodec = \"demo\"\nshard_mb = 1\n"
                           << "cache_dtype = \"fp32\"\ndecode_threads = 1\nloader_threads = 2\n"

@@ -58,11 +58,7 @@ TEST(Torchrun, RankThatExitsMidStepEndsTheJob) {
 TEST(Torchrun, TrainCommandMatchesOneProcess) {
   VIDIT_REQUIRE_TORCHRUN();
   ScratchDir one("torchrun_one"), two("torchrun_two");
-  const std::string sets =
-      " train --set model.dim=32 model.ffn_dim=64 model.heads=2 model.layers=2 model.in_channels=4 "
-      "model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic "
-      "data.latent_frames=2 data.latent_height=4 data.latent_width=4 train.batch_size=4 train.threads=1 "
-      "train.steps=4 train.log_every=1 train.out_dir=";
+  const std::string& sets = test::kTinyTrainArgs;
   auto single = test::run_process(std::string(VIDIT_BINARY) + sets + one.path());
   ASSERT_EQ(single.status, 0) << single.output;
   auto multi = test::torchrun(2, std::string(VIDIT_BINARY) + sets + two.path() + " parallel.replicate=2");

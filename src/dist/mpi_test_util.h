@@ -107,6 +107,14 @@ inline ProcessResult torchrun_worker(int np, const std::string& test, const std:
                   limit_s);
 }
 
+// `vidit train` arguments for 4 steps of the tiny model (tests/test_util.h), ending with
+// "train.out_dir=" for the caller to complete.
+inline const std::string kTinyTrainArgs =
+    " train --set model.dim=32 model.ffn_dim=64 model.heads=2 model.layers=2 model.in_channels=4 model.patch=[1,2,2] "
+    "model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic "
+    "data.latent_frames=2 data.latent_height=4 data.latent_width=4 train.batch_size=4 train.threads=1 "
+    "train.steps=4 train.log_every=1 train.out_dir=";
+
 // Every rank ran the worker and it passed (not skipped).
 inline void expect_workers_passed(const ProcessResult& r, int np) {
   EXPECT_EQ(r.status, 0) << r.output;

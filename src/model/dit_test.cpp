@@ -48,7 +48,7 @@ TEST(DiT, OfficialKeyNames) {
 
 TEST(DiT, WanPresetCountsWithoutAllocating) {
   Config c = parse_config("[model]\ndim=1536\nffn_dim=8960\nheads=12\nlayers=30\nin_channels=16\nout_channels=16\n"
-                          "text_dim=4096\ntext_len=512\n[data]\nsource=\"synthetic\"\nlatent_frames=21\n"
+                          "text_dim=4096\ntext_len=512\npatch=[1,2,2]\n[data]\nsource=\"synthetic\"\nlatent_frames=21\n"
                           "latent_height=60\nlatent_width=104\n", "1.3b");
   EXPECT_NEAR(double(count_parameters(c.model)), 1.419e9, 0.005 * 1.419e9);
   ModelInfo info = model_info(c);

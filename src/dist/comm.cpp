@@ -63,6 +63,13 @@ class SingleComm : public Comm {
 
 WorkPtr completed_work(std::function<void()> finish) { return std::make_shared<DoneWork>(std::move(finish)); }
 
+bool reduces_in_fp32(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+void check_average(const at::Tensor& t, ReduceOp op, const char* name) {
+  VIDIT_CHECK(op != ReduceOp::Avg || at::isFloatingType(t.scalar_type()), name,
+              ": Avg needs a floating-point tensor (got ", t.scalar_type(), "); use Sum");
+}
+
 std::shared_ptr<Comm> make_single_comm() { return std::make_shared<SingleComm>(); }
 
 #ifdef VIDIT_HAVE_MPI

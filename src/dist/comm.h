@@ -89,6 +89,11 @@ class ForwardingComm : public Comm {
   std::shared_ptr<Comm> inner_;
 };
 
+// For the engines: bf16 / fp16 are reduced in an fp32 copy (every engine gives the same sums);
+// Avg of a tensor that is not floating point is refused, naming the operation.
+bool reduces_in_fp32(at::ScalarType t);
+void check_average(const at::Tensor& t, ReduceOp op, const char* name);
+
 // A communicator as an integer, for autograd functions (their saved_data holds IValues only);
 // whoever installs the function keeps the communicator alive.
 inline int64_t comm_address(const std::shared_ptr<Comm>& c) { return int64_t(reinterpret_cast<intptr_t>(c.get())); }

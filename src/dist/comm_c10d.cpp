@@ -19,7 +19,7 @@
 namespace vidit {
 namespace {
 
-bool reduce_in_fp32(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+bool reduce_in_fp32(const at::Tensor& t) { return reduces_in_fp32(t.scalar_type()); }
 
 c10d::ReduceOp to_c10d(ReduceOp op) { return op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM; }
 
@@ -92,7 +92,7 @@ class C10dComm : public Comm {
 
   WorkPtr all_reduce(at::Tensor& t, ReduceOp op) override {
     check(t, "all_reduce");
-    check_avg(t, op, "all_reduce");
+    check_average(t, op, "all_reduce");
     std::vector<at::Tensor> bufs = {reduce_in_fp32(t) ? t.to(at::kFloat) : t};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
@@ -115,7 +115,7 @@ class C10dComm : public Comm {
   }
   WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override {
     check(in, "reduce_scatter"), check(out, "reduce_scatter");
-    check_avg(out, op, "reduce_scatter");
+    check_average(out, op, "reduce_scatter");
     at::Tensor src = reduce_in_fp32(in) ? in.to(at::kFloat) : in;
     at::Tensor dst = reduce_in_fp32(out) ? at::empty(out.sizes(), out.options().dtype(at::kFloat)) : out;
     c10d::ReduceScatterOptions o;
@@ -181,10 +181,6 @@ class C10dComm : public Comm {
  private:
   at::TensorOptions options() const {
     return at::TensorOptions().dtype(at::kFloat).device(engine_.name == "nccl" ? at::kCUDA : at::kCPU);
-  }
-  static void check_avg(const at::Tensor& t, ReduceOp op, const char* name) {
-    VIDIT_CHECK(op != ReduceOp::Avg || at::isFloatingType(t.scalar_type()), name,
-                ": Avg needs a floating-point tensor (got ", t.scalar_type(), "); use Sum");
   }
   void check(const at::Tensor& t, const char* op) const {
     VIDIT_CHECK(t.defined() && t.is_contiguous(), op, " (", engine_.name, "): tensors must be defined and contiguous");

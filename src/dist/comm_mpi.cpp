@@ -40,7 +40,6 @@ int to_count(int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
-bool reduce_in_fp32(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
 MPI_Datatype element_type(at::ScalarType t, const char* op) {
   switch (t) {
@@ -108,8 +107,8 @@ class MpiComm : public Comm {
 
   WorkPtr all_reduce(at::Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce", "input");
-    at::Tensor buf = reduce_in_fp32(t.scalar_type()) ? t.to(at::kFloat) : t;
-    check_avg(buf, op, "all_reduce");
+    at::Tensor buf = reduces_in_fp32(t.scalar_type()) ? t.to(at::kFloat) : t;
+    check_average(buf, op, "all_reduce");
     auto w = std::make_shared<MpiWork>("Iallreduce", std::vector<at::Tensor>{t, buf});
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), to_count(buf.numel(), "all_reduce"),
                              element_type(buf.scalar_type(), "all_reduce"), reduce_op(op), comm_, w->request()),
@@ -136,9 +135,9 @@ class MpiComm : public Comm {
     check_tensor(in, "reduce_scatter", "input");
     check_tensor(out, "reduce_scatter", "output");
     check_blocks(out, in, size_, "reduce_scatter");
-    const bool up = reduce_in_fp32(in.scalar_type());
+    const bool up = reduces_in_fp32(in.scalar_type());
     at::Tensor src = up ? in.to(at::kFloat) : in, dst = up ? at::empty(out.sizes(), out.options().dtype(at::kFloat)) : out;
-    check_avg(dst, op, "reduce_scatter");
+    check_average(dst, op, "reduce_scatter");
     auto w = std::make_shared<MpiWork>("Ireduce_scatter_block", std::vector<at::Tensor>{in, out, src, dst});
     check_mpi(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), to_count(dst.numel(), "reduce_scatter"),
                                         element_type(dst.scalar_type(), "reduce_scatter"), reduce_op(op), comm_,
@@ -216,10 +215,6 @@ class MpiComm : public Comm {
     for (int64_t d = 1; ok && d < small.dim(); ++d) ok = big.size(d) == small.size(d);
     VIDIT_CHECK(ok, op, ": the ", size, "-process tensor must be ", size, " blocks along dim 0 of the per-process ",
                 small.sizes(), " (got ", big.sizes(), ")");
-  }
-  static void check_avg(const at::Tensor& t, ReduceOp op, const char* name) {
-    VIDIT_CHECK(op != ReduceOp::Avg || at::isFloatingType(t.scalar_type()), name,
-                ": Avg needs a floating-point tensor (got ", t.scalar_type(), "); use Sum");
   }
   void check_peer(int r, const char* what) const {
     VIDIT_CHECK(r >= 0 && r < size_, what, " ", r, " is not a rank of this ", size_, "-process group");

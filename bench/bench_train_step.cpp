@@ -5,6 +5,9 @@
 //                    [--system-malloc] (skip keep_freed_memory(), for the A/B in BENCHMARKS.md)
 //                    [--profile FILE] (chrome trace of the timed steps; bench/profile_summary.py
 //                                      totals it by op)
+// Under mpirun or torchrun it trains on the mesh of the config's [parallel] section and also
+// reports the median time rank 0 was blocked in collectives per step (dist/timed_comm.h): the
+// communication compute did not hide (bench/bench_overlap.sh compares FSDP prefetch on / off).
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -20,6 +23,9 @@
 #include "core/malloc_tuning.h"
 #include "core/safetensors.h"
 #include "data/dataset.h"
+#include "dist/comm.h"
+#include "dist/launch_env.h"
+#include "dist/mesh.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/trainer.h"
@@ -49,7 +55,11 @@ int main(int argc, char** argv) {
     cfg.train.steps = warmup + steps;
     at::Device dev(device == "cuda" ? at::kCUDA : at::kCPU);
     auto data = std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed);
-    Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), dev);
+    const LaunchEnv env = detect_launch_env();
+    std::shared_ptr<const Mesh> mesh;
+    if (env.world > 1) mesh = std::make_shared<Mesh>(cfg, make_world_comm(env, dev.type()));
+    const bool lead = env.rank == 0;
+    Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), dev, mesh);
     ModelInfo info = model_info(cfg);
 
     if (!dump.empty()) {
@@ -80,24 +90,34 @@ int main(int argc, char** argv) {
           {"lr", cfg.train.lr}, {"threads", at::get_num_threads()}}.dump(2);
     }
 
-    std::vector<double> times;
+    std::vector<double> times, waits;
     for (int i = 0; i < warmup; ++i) trainer.step();
     {
       std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
       if (!profile.empty()) prof = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
-      for (int i = 0; i < steps; ++i) times.push_back(trainer.step().seconds);
+      for (int i = 0; i < steps; ++i) {
+        StepResult r = trainer.step();
+        times.push_back(r.seconds);
+        waits.push_back(r.comm_wait_s);
+      }
     }
+    if (!lead) return 0;
     std::sort(times.begin(), times.end());
-    const double med = times[times.size() / 2];
+    std::sort(waits.begin(), waits.end());
+    const double med = times[times.size() / 2], wait = waits[waits.size() / 2];
     const double samples = double(cfg.train.batch_size * cfg.train.grad_accum);
     std::printf("config %s, device %s, threads %d, batch %lld, %lld tokens/sample, %lld params\n",
                 cfg.source.c_str(), device.c_str(), at::get_num_threads(), (long long)cfg.train.batch_size,
                 (long long)info.tokens, (long long)info.params);
     std::printf("step time median %.4f s (min %.4f, max %.4f over %d steps)\n", med, times.front(), times.back(), steps);
+    if (mesh)
+      std::printf("%d ranks (%s): rank 0 blocked in collectives %.4f s per step (median), %.1f%% of the step\n",
+                  env.world, mesh->world()->backend().c_str(), wait, 100.0 * wait / med);
     std::printf("tokens/s %.0f | samples/s %.2f | achieved %.3f GFLOP/s\n", samples * info.tokens / med,
                 samples / med, samples * info.train_flops / med / 1e9);
     std::printf("%s\n", nlohmann::json{{"step_time_s", med}, {"gflops", samples * info.train_flops / med / 1e9},
-                                       {"tokens_per_s", samples * info.tokens / med}}.dump().c_str());
+                                       {"tokens_per_s", samples * info.tokens / med},
+                                       {"ranks", env.world}, {"comm_wait_s", mesh ? wait : 0.0}}.dump().c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -96,6 +96,8 @@ struct TrainConfig {
   int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
   int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
   int64_t threads = 0;            // intra-op threads; 0 = all cores
+  int64_t trace_steps = 0;        // write a Chrome trace of this many steps (after the first) to
+                                  // <out_dir>/trace/rank<R>.json; 0 = off
   std::string init_from;          // weights to start from: a .safetensors file or a folder of
                                   // shards (e.g. the official Wan 2.1 release); "" = random init
 };
@@ -130,6 +132,7 @@ struct ParallelConfig {
   int64_t ring = 1;       // ring-attention context parallel (K/V passed around a ring)
   double bucket_mb = 25;  // data parallel: gradients are all-reduced in buckets of about this many MiB
   bool reshard_after_forward = true;  // FSDP: free a block's gathered weights after its forward
+  bool prefetch = true;   // FSDP: issue the next block's all-gather before the current block runs
   std::string reduce_dtype = "fp32";  // FSDP: gradients reduce-scattered in "fp32" or "bf16"
 };
 

@@ -1,10 +1,10 @@
 // The communicator: a group of processes and the collectives among them. Small on purpose; every
-// parallelism (data parallel now; FSDP, tensor, Ulysses and ring later) is written against it.
+// parallelism (data parallel, FSDP, tensor, Ulysses, ring) is written against it.
 //
-// Implementations: MPI over CPU tensors (comm_mpi.cpp, when built with VIDIT_HAVE_MPI) and the
-// single-process communicator (size 1, every collective an identity). NCCL for CUDA tensors comes
-// later behind the same interface. ForwardingComm passes every call to another communicator, so a
-// test can override one method to inject a fault.
+// Engines: MPI over CPU tensors (comm_mpi.cpp, when built with VIDIT_HAVE_MPI), c10d's gloo and
+// NCCL process groups for torchrun launches (comm_c10d.cpp), and the single-process communicator
+// (size 1, every collective an identity). ForwardingComm passes every call to another
+// communicator: TimedComm (waits), CountingComm (bytes) and the tests' fault injection build on it.
 //
 // Contracts shared by every method:
 //  - tensors are contiguous, on the CPU for MPI; fp32, fp64, bf16, fp16, int32 and int64 move;
@@ -45,7 +45,7 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "mpi" or "single"
+  virtual std::string backend() const = 0;  // "mpi", "gloo", "nccl" or "single"
 
   // In place on every member: t = op(t over members).
   virtual WorkPtr all_reduce(at::Tensor& t, ReduceOp op) = 0;

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace vidit {
 namespace {
@@ -49,7 +50,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
       sp_(mesh.group("sp")),
       S_(shard_->size()),
       rank_(shard_->rank()),
-      reduce_bf16_(cfg.reduce_dtype == "bf16") {
+      reduce_bf16_(cfg.reduce_dtype == "bf16"),
+      prefetch_(cfg.prefetch) {
   at::NoGradGuard no_grad;
   for (auto& item : model.named_parameters(true)) {
     VIDIT_CHECK(item.value().is_contiguous() && item.value().storage_offset() == 0 &&
@@ -89,24 +91,40 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
   const int blocks = int(units_.size()) - 1;
   model.hooks.model_begin = [this, blocks] {
     ensure_gathered(0);
-    if (blocks > 0 && !units_[1].gathered && !units_[1].gather_work) start_gather(units_[1]);
+    if (blocks > 0) prefetch(1);
   };
   model.hooks.block_begin = [this, blocks](int64_t i) {
+    if (trace::on()) forward_start_us_ = trace::now_us();
     ensure_gathered(int(1 + i));
-    if (i + 1 < blocks && !units_[2 + i].gathered && !units_[2 + i].gather_work) start_gather(units_[2 + i]);
+    if (i + 1 < blocks) prefetch(int(2 + i));
   };
   model.hooks.block_end = [this](int64_t i, const at::Tensor& out) {
+    if (trace::on() && forward_start_us_ >= 0)
+      trace::slice("block " + std::to_string(i) + " forward", "fsdp", forward_start_us_, trace::now_us() - forward_start_us_);
     Unit& u = units_[1 + i];
     if (!u.keep) release(u);
     if (out.requires_grad())
       // Backward reaches this block when its output's gradient is ready: gather it again and
       // prefetch the block before it.
       out.register_hook([this, i](const at::Tensor&) {
+        end_backward_slice();
+        if (trace::on()) backward_block_ = int(i), backward_start_us_ = trace::now_us();
         ensure_gathered(int(1 + i));
-        if (i > 0 && !units_[i].gathered && !units_[i].gather_work) start_gather(units_[i]);
+        if (i > 0) prefetch(int(i));
       });
     return out;
   };
+}
+
+void FullyShardedDataParallel::prefetch(int k) {
+  if (prefetch_ && !units_[k].gathered && !units_[k].gather_work) start_gather(units_[k]);
+}
+
+void FullyShardedDataParallel::end_backward_slice() {
+  if (backward_block_ < 0) return;
+  trace::slice("block " + std::to_string(backward_block_) + " backward", "fsdp", backward_start_us_,
+               trace::now_us() - backward_start_us_);
+  backward_block_ = -1;
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -183,6 +201,8 @@ void FullyShardedDataParallel::start_reduce(Unit& u) {
     p.mutable_grad() = at::Tensor();
   }
   if (reduce_bf16_) in = in.to(at::kBFloat16);
+  // The block's backward ends with its last gradient (a slice in the trace).
+  if (&u - units_.data() == backward_block_ + 1) end_backward_slice();
   in = in.view(-1);
   u.reduce_out = at::empty({u.shard_numel}, in.options());
   u.reduce_work = shard_->reduce_scatter(in, u.reduce_out, ReduceOp::Avg);

@@ -7,7 +7,8 @@
 // model's forward hooks (model/dit.h ForwardHooks) drive the gathering:
 //  - root: all-gathered when the forward starts; kept until its gradients are done;
 //  - block i: all-gathered before its forward (waiting for a prefetch issued one block earlier,
-//    so the gather of block i+1 overlaps block i's compute), freed after its forward when
+//    so the gather of block i+1 overlaps block i's compute; parallel.prefetch = false issues
+//    each gather only when its block starts, for comparison), freed after its forward when
 //    parallel.reshard_after_forward (else kept for backward), and gathered again when backward
 //    reaches the block's output, prefetching block i-1;
 //  - when backward has produced all of a unit's gradients, they are packed and reduce-scattered
@@ -83,6 +84,8 @@ class FullyShardedDataParallel {
     at::Tensor reduce_out;               // [shard_numel]
     WorkPtr reduce_work;
   };
+  void prefetch(int unit);  // starts unit's gather early (parallel.prefetch)
+  void end_backward_slice();  // the trace's "block i backward" slice
   void start_gather(Unit& u);
   void finish_gather(Unit& u);
   void ensure_gathered(int unit);
@@ -96,6 +99,9 @@ class FullyShardedDataParallel {
   std::shared_ptr<Comm> shard_, replicate_, sp_;
   int S_ = 1, rank_ = 0;
   bool reduce_bf16_ = false;
+  bool prefetch_ = true;
+  double forward_start_us_ = -1, backward_start_us_ = -1;  // trace slices of the current block
+  int backward_block_ = -1;
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;  // the model's parameters (storage freed between uses)
   std::vector<int> unit_of_;

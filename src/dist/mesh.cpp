@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "dist/timed_comm.h"
 
 namespace vidit {
 namespace {
@@ -58,7 +59,10 @@ void validate_mesh(const Config& cfg, int world) {
               "; change the sequence-parallel degrees or the latent size");
 }
 
-Mesh::Mesh(const Config& cfg, std::shared_ptr<Comm> world) : world_(std::move(world)) {
+Mesh::Mesh(const Config& cfg, std::shared_ptr<Comm> world) {
+  auto timed = std::make_shared<TimedComm>(std::move(world));
+  timed_ = timed.get();
+  world_ = std::move(timed);
   validate_mesh(cfg, world_->size());
   degrees_ = degrees_of(cfg.parallel);
   int r = world_->rank();

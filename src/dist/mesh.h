@@ -8,6 +8,9 @@
 // "ulysses", "ring") and three composites, "dp" (replicate x shard: who hold different samples),
 // "sp" (ring x ulysses: who split a sample's tokens) and "dpsp" (both: who reduce gradients).
 //
+// The world communicator is wrapped in a TimedComm (dist/timed_comm.h), so every group reports
+// how long its callers waited: comm_times().
+//
 // validate_mesh() refuses a mesh that cannot train this config before any work starts, with a
 // message naming the keys to change.
 #pragma once
@@ -18,6 +21,7 @@
 
 #include "core/config.h"
 #include "dist/comm.h"
+#include "dist/timed_comm.h"
 
 namespace vidit {
 
@@ -40,9 +44,12 @@ class Mesh {
   // The named sub-communicator; throws for an unknown name (listing the known ones).
   const std::shared_ptr<Comm>& group(const std::string& name) const;
   const std::shared_ptr<Comm>& world() const { return world_; }
+  // Time blocked in collectives on this member, over every group, since construction.
+  CommTimes comm_times() const { return timed_->times(); }
 
  private:
   std::shared_ptr<Comm> world_;
+  TimedComm* timed_ = nullptr;  // world_ itself
   std::array<int, 5> degrees_{}, coords_{};
   std::map<std::string, std::shared_ptr<Comm>> groups_;
 };

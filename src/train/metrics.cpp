@@ -28,6 +28,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                         {"grad_norm", m.grad_norm}, {"lr", m.lr},
                         {"step_time_s", m.step_seconds}, {"samples_per_s", m.samples_per_s},
                         {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}};
+    if (m.comm_wait_s >= 0) j["comm_wait_s"] = m.comm_wait_s;
     jsonl_ << j.dump() << "\n";
     jsonl_.flush();
   }
@@ -39,10 +40,13 @@ void MetricsLogger::log(const StepMetrics& m) {
   const int filled = m.total_steps > 0 ? int(width * m.step / m.total_steps) : 0;
   std::string bar(filled, '#');
   bar.append(width - filled, '-');
-  std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step | %.1f samples/s"
+  char comm[32] = "";
+  if (m.comm_wait_s >= 0 && m.step_seconds > 0)
+    std::snprintf(comm, sizeof comm, " | comm wait %.0f%%", 100.0 * m.comm_wait_s / m.step_seconds);
+  std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step%s | %.1f samples/s"
               " | %.0f tok/s | %.4f TFLOP/s | ETA %s\n",
               (long long)m.step, (long long)m.total_steps, bar.c_str(), m.loss, m.grad_norm, m.lr,
-              m.step_seconds, m.samples_per_s, m.tokens_per_s, m.tflops, format_duration(eta).c_str());
+              m.step_seconds, comm, m.samples_per_s, m.tokens_per_s, m.tflops, format_duration(eta).c_str());
   std::fflush(stdout);
 }
 

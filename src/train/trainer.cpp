@@ -3,9 +3,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "dist/sequence_parallel.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
@@ -81,6 +83,15 @@ std::string Trainer::save() {
   if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
   s.optimizer = opt_->state();
   s.optimizer["rng/train"] = gen_.get_state();
+  // Ranks with batches of their own also have streams of their own: every one is saved.
+  if (mesh_ && !data_->slices_global_batch() && mesh_->degree("dp") > 1) {
+    const auto& dp = mesh_->group("dp");
+    at::Tensor mine = gen_.get_state().to(at::kInt);
+    at::Tensor all = at::empty({dp->size() * mine.numel()}, mine.options());
+    dp->all_gather(mine, all)->wait();
+    for (int r = 0; r < dp->size(); ++r)
+      s.optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * mine.numel(), mine.numel()).to(at::kByte);
+  }
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   const auto& tc = cfg_.train;
@@ -131,7 +142,16 @@ void Trainer::load(const std::string& dir) {
   opt_->load_state(local(s.optimizer), dir + "/optimizer.safetensors");
   auto rng = s.optimizer.find("rng/train");
   VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
-  gen_.set_state(rng->second);
+  const int dp_rank = mesh_ ? mesh_->coord("dp") : 0;
+  if (data_->slices_global_batch() || dp_rank == 0) {
+    gen_.set_state(rng->second);  // one stream for all ranks, or rank 0's own
+  } else {
+    auto own = s.optimizer.find("rng/train.dp" + std::to_string(dp_rank));
+    if (own != s.optimizer.end())
+      gen_.set_state(own->second);
+    else  // a rank the saving run did not have: a stream of its own from (seed, rank, step)
+      gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, mesh_.get()) + 7919ull * uint64_t(s.step));
+  }
   data_->set_state(s.sampler);
   step_ = s.step;
 }
@@ -142,6 +162,26 @@ double Trainer::sample_flops(const at::Tensor& x) {
   Config c = cfg_;
   c.data.latent_frames = x.size(2), c.data.latent_height = x.size(3), c.data.latent_width = x.size(4);
   return model_info(c).train_flops;
+}
+
+double Trainer::batch_share(const MicroBatch& mb) const {
+  const auto& dp = mesh_->group("dp");
+  const double mine = double(mb.latents.size(0));
+  double total = double(mb.global_rows);
+  if (!data_->slices_global_batch()) {
+    at::Tensor n = at::tensor({mine}, at::kDouble);
+    dp->all_reduce(n, ReduceOp::Sum)->wait();
+    total = n.item<double>();
+  }
+  if (total <= 0) return -1;
+  return mine * dp->size() / total;
+}
+
+MicroBatch Trainer::stand_in() const {
+  if (last_batch_.latents.defined()) return last_batch_;
+  const auto& d = cfg_.data;
+  return {at::zeros({1, cfg_.model.in_channels, d.latent_frames, d.latent_height, d.latent_width}), at::Tensor(),
+          null_text_.unsqueeze(0).to(at::kFloat)};
 }
 
 bool Trainer::resume() {
@@ -160,19 +200,35 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console);
   }
   std::vector<double> losses;
+  // The trace skips the run's first step (allocations, first gathers) and records the next ones.
+  const int64_t trace_from = step_ + 1, trace_to = trace_from + cfg_.train.trace_steps;
+  auto finish_trace = [&] {
+    if (!trace::on()) return;
+    trace::stop();
+    const int rank = mesh_ ? mesh_->rank() : 0;
+    const std::string path = cfg_.train.out_dir + "/trace/rank" + std::to_string(rank) + ".json";
+    const size_t n = trace::write(path);
+    if (console && is_lead())
+      std::printf("trace of steps %lld-%lld: %zu events in %s (one file per rank; open in ui.perfetto.dev)\n",
+                  (long long)trace_from + 1, (long long)step_, n, path.c_str());
+  };
   while (step_ < until) {
+    if (cfg_.train.trace_steps > 0 && step_ == trace_from)
+      trace::start(mesh_ ? mesh_->rank() : 0, "rank " + std::to_string(mesh_ ? mesh_->rank() : 0));
     StepResult r = step();
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
     if (logger && (r.step % cfg_.train.log_every == 0 || r.step == until)) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
-                    double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
+                    double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12, r.comm_wait_s};
       logger->log(m);
     }
+    if (step_ == trace_to) finish_trace();
     if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until) save();
     if (after_step) after_step(r);
   }
+  finish_trace();
   save();
   return losses;
 }

@@ -13,6 +13,10 @@
 // weights between steps, and checkpoints are gathered whole, so they load at any mesh. With
 // parallel.tensor > 1 each block's heads and MLP units are split over the "tensor" group first
 // (dist/tensor_parallel.h); the reductions and FSDP then act on each member's parts.
+//
+// Every step reports the time this rank spent blocked in collectives (dist/timed_comm.h), and
+// train.trace_steps > 0 writes a Chrome trace of that many steps, from the second step of the
+// run, to <out_dir>/trace/rank<R>.json (core/trace.h).
 #pragma once
 #include <functional>
 #include <memory>
@@ -42,6 +46,7 @@ struct StepResult {
   double grad_norm = 0;   // before clipping
   double lr = 0;
   double seconds = 0;
+  double comm_wait_s = -1;  // distributed: time this rank was blocked in collectives (-1: one process)
 };
 
 class Trainer {
@@ -96,6 +101,13 @@ class Trainer {
   at::Generator gen_;  // timesteps, noise, caption dropout
   ModelInfo info_;
   double sample_flops(const at::Tensor& latents);  // per sample of this shape
+  // Data parallel: this rank's weight in the gradient average, B x dp / (samples of all dp ranks
+  // in this micro-batch); -1 when no rank has a sample. Batches that are slices of a global one
+  // know the total; others all-reduce their sizes (8 bytes).
+  double batch_share(const MicroBatch& mb) const;
+  // What an idle rank computes (with weight 0): its last batch, or zeros before it has one.
+  MicroBatch stand_in() const;
+  MicroBatch last_batch_;
   int64_t step_ = 0;
   std::shared_ptr<const Mesh> mesh_;
   std::unique_ptr<DataParallel> dp_;  // null in a single process and under FSDP

@@ -128,16 +128,23 @@ TEST(MpiWorker, FsdpCheckpointResumesAtAnotherMesh) {
   if (world->rank() == 0) {
     // The first mesh's checkpoint (step 5) is in parts when it sharded.
     const std::string step5 = dir + "/resharded/checkpoints/step_00000005";
-    // Sharded meshes write one part per shard; under tensor parallel the checkpoint is gathered whole.
-    const int64_t parts = first.parallel.tensor == 1 ? first.parallel.shard : 1;
+    // Sharded meshes write one part per shard, and under tensor parallel one per tensor member
+    // (and shard); nothing is gathered.
+    const int64_t S = first.parallel.shard, T = first.parallel.tensor;
+    const bool whole = S == 1 && T == 1;
     for (const char* what : {"model", "ema", "optimizer"})
-      for (int64_t k = 0; k < parts && parts > 1; ++k) {
-        char name[1024];
-        std::snprintf(name, sizeof name, "%s/%s.shard-%05lld-of-%05lld.safetensors", step5.c_str(), what, (long long)k,
-                      (long long)parts);
-        EXPECT_TRUE(std::filesystem::exists(name)) << name;
-      }
-    EXPECT_EQ(std::filesystem::exists(step5 + "/model.safetensors"), parts == 1);
+      for (int64_t t = 0; t < T && !whole; ++t)
+        for (int64_t k = 0; k < S; ++k) {
+          char name[1024];
+          if (T > 1)
+            std::snprintf(name, sizeof name, "%s/%s.tp-%05lld-of-%05lld.shard-%05lld-of-%05lld.safetensors",
+                          step5.c_str(), what, (long long)t, (long long)T, (long long)k, (long long)S);
+          else
+            std::snprintf(name, sizeof name, "%s/%s.shard-%05lld-of-%05lld.safetensors", step5.c_str(), what,
+                          (long long)k, (long long)S);
+          EXPECT_TRUE(std::filesystem::exists(name)) << name;
+        }
+    EXPECT_EQ(std::filesystem::exists(step5 + "/model.safetensors"), whole);
     Config one = first;
     one.parallel = ParallelConfig{};
     one.train.out_dir = dir + "/single";

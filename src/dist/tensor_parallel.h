@@ -23,8 +23,8 @@
 //
 // Members of a tensor group train on the same samples (their "dp" coordinate is equal); the
 // gradient reduction over "dp" / "dpsp" and FSDP's sharding apply to each member's slices as to
-// whole parameters. Checkpoints hold whole tensors (gather_whole / part_of), so they load at any
-// mesh.
+// whole parameters. Each member writes its own parts to checkpoints (train/checkpoint.h records
+// the split dims); they load whole, and part_of cuts them for any mesh.
 #pragma once
 #include <ATen/ATen.h>
 

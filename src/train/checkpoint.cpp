@@ -19,9 +19,14 @@ std::string step_name(int64_t step) {
   return name;
 }
 
-std::string part_name(const char* what, int64_t index, int64_t count) {
-  char name[96];
-  std::snprintf(name, sizeof name, "%s.shard-%05lld-of-%05lld.safetensors", what, (long long)index, (long long)count);
+// The file of shard `index` of `count`, of tensor-parallel part `t` of `parts` (parts > 1).
+std::string part_name(const char* what, int64_t index, int64_t count, int64_t t = 0, int64_t parts = 1) {
+  char name[128];
+  if (parts > 1)
+    std::snprintf(name, sizeof name, "%s.tp-%05lld-of-%05lld.shard-%05lld-of-%05lld.safetensors", what, (long long)t,
+                  (long long)parts, (long long)index, (long long)count);
+  else
+    std::snprintf(name, sizeof name, "%s.shard-%05lld-of-%05lld.safetensors", what, (long long)index, (long long)count);
   return name;
 }
 
@@ -39,10 +44,11 @@ std::string begin_checkpoint(const std::string& out_dir, int64_t step) {
   return tmp.string();
 }
 
-void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& s, int64_t index) {
+void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& s, int64_t index, int64_t tensor_index) {
   fs::path tmp(tmp_dir);
   auto name = [&](const char* what) {
-    return (tmp / (s.shards > 0 ? part_name(what, index, s.shards) : std::string(what) + ".safetensors")).string();
+    return (tmp / (s.shards > 0 ? part_name(what, index, s.shards, tensor_index, s.tensor)
+                                : std::string(what) + ".safetensors")).string();
   };
   save_safetensors(name("model"), s.model);
   if (!s.ema.empty()) save_safetensors(name("ema"), s.ema);
@@ -60,6 +66,7 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
                                       {"position", s.sampler.position}}},
                          {"config", s.config_toml}};
   if (s.shards > 0) meta["shards"] = {{"count", s.shards}, {"shapes", s.shapes}};
+  if (s.tensor > 1) meta["tensor"] = {{"count", s.tensor}, {"split", s.split}};
   write_file_atomic((tmp / "meta.json").string(), meta.dump(2));
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
@@ -113,6 +120,10 @@ CheckpointState load_checkpoint(const std::string& dir) {
       s.shards = meta.at("shards").at("count").get<int64_t>();
       s.shapes = meta.at("shards").at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
     }
+    if (meta.contains("tensor")) {
+      s.tensor = meta.at("tensor").at("count").get<int64_t>();
+      s.split = meta.at("tensor").at("split").get<std::map<std::string, int>>();
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
   }
@@ -123,15 +134,19 @@ CheckpointState load_checkpoint(const std::string& dir) {
     return s;
   }
   // Sharded: whole tensors from the parts. A key names a parameter, possibly behind a prefix
-  // ("exp_avg/<name>"); other keys (the step count, the RNG state) are taken from part 0.
+  // ("exp_avg/<name>"); other keys (the step count, the RNG states) are taken from the first
+  // part. Each tensor-parallel part is first put together from its FSDP chunks (in the shape
+  // recorded for it), then the parts are concatenated along their split dimension.
+  const int64_t T = std::max<int64_t>(s.tensor, 1);
   auto assemble = [&](const char* what) {
-    std::vector<TensorMap> parts;
-    for (int64_t k = 0; k < s.shards; ++k) {
-      fs::path f = d / part_name(what, k, s.shards);
-      VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(), " (", s.shards,
-                  " parts expected): it was not saved completely");
-      parts.push_back(load_safetensors(f.string()));
-    }
+    std::vector<TensorMap> parts;  // file t * shards + k
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < s.shards; ++k) {
+        fs::path f = d / part_name(what, k, s.shards, t, T);
+        VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(), " (", T * s.shards,
+                    " parts expected): it was not saved completely");
+        parts.push_back(load_safetensors(f.string()));
+      }
     TensorMap whole;
     for (const auto& [key, first] : parts[0]) {
       std::string name = key;
@@ -141,22 +156,28 @@ CheckpointState load_checkpoint(const std::string& dir) {
         whole[key] = first;
         continue;
       }
-      std::vector<at::Tensor> chunks;
-      for (auto& p : parts) {
-        VIDIT_CHECK(p.count(key), "checkpoint '", dir, "': a part of ", what, " lacks '", key, "'");
-        chunks.push_back(p.at(key).flatten());
-      }
       int64_t numel = 1;
       for (int64_t n : shape->second) numel *= n;
-      at::Tensor flat = at::cat(chunks);
-      VIDIT_CHECK(flat.numel() >= numel, "checkpoint '", dir, "': the parts of '", key, "' hold ", flat.numel(),
-                  " values, fewer than its shape needs (", numel, ")");
-      whole[key] = flat.narrow(0, 0, numel).reshape(shape->second).clone();
+      std::vector<at::Tensor> pieces;
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<at::Tensor> chunks;
+        for (int64_t k = 0; k < s.shards; ++k) {
+          const TensorMap& p = parts[size_t(t * s.shards + k)];
+          VIDIT_CHECK(p.count(key), "checkpoint '", dir, "': a part of ", what, " lacks '", key, "'");
+          chunks.push_back(p.at(key).flatten());
+        }
+        at::Tensor flat = at::cat(chunks);
+        VIDIT_CHECK(flat.numel() >= numel, "checkpoint '", dir, "': the parts of '", key, "' hold ", flat.numel(),
+                    " values, fewer than its shape needs (", numel, ")");
+        pieces.push_back(flat.narrow(0, 0, numel).reshape(shape->second));
+      }
+      auto split = s.split.find(name);
+      whole[key] = T > 1 && split != s.split.end() ? at::cat(pieces, split->second) : pieces[0].clone();
     }
     return whole;
   };
   s.model = assemble("model");
-  if (fs::exists(d / part_name("ema", 0, s.shards))) s.ema = assemble("ema");
+  if (fs::exists(d / part_name("ema", 0, s.shards, 0, T))) s.ema = assemble("ema");
   s.optimizer = assemble("optimizer");
   return s;
 }

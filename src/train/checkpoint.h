@@ -10,6 +10,10 @@
 // .safetensors (1-D chunks of the flattened, padded parameters, named as the parameters), and
 // meta.json's "shards" records S and every parameter's shape. load_checkpoint() reassembles
 // whole tensors from the parts, so a sharded checkpoint loads at any mesh (and in one process).
+// Tensor parallel: each member of the tensor group writes its parts (FSDP-sharded as above when
+// there is FSDP too) to {model,ema,optimizer}.tp-0000t-of-0000T.shard-0000k-of-0000S.safetensors;
+// "shards" then records the shapes of the parts, and meta.json's "tensor" records T and the
+// dimension each split parameter was cut along. They are put back together on load too.
 // The three steps of a distributed save: rank 0 begin_checkpoint(), a barrier, every writer
 // write_checkpoint_shard(), a barrier, rank 0 commit_checkpoint().
 #pragma once
@@ -28,6 +32,9 @@ struct CheckpointState {
   // Sharded: the number of parts and each parameter's whole shape (empty: whole tensors).
   int64_t shards = 0;
   std::map<std::string, std::vector<int64_t>> shapes;
+  // Tensor parallel: the number of parts (0: none) and, per split parameter, its split dim.
+  int64_t tensor = 0;
+  std::map<std::string, int> split;
   TensorMap model, ema, optimizer;  // optimizer also carries "rng/train"
   SamplerState sampler;
   int64_t ema_updates = 0;
@@ -39,7 +46,8 @@ std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s
 // The distributed save, in three steps (see above). begin returns the temporary directory.
 std::string begin_checkpoint(const std::string& out_dir, int64_t step);
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
-void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& part, int64_t index);
+void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& part, int64_t index,
+                            int64_t tensor_index = 0);
 std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
 // Directory named by <out_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);

@@ -95,20 +95,21 @@ std::string Trainer::save() {
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   const auto& tc = cfg_.train;
-  if (tp_) {
-    // Tensor parallel: gathered whole (collective), written by rank 0.
-    s.model = whole(s.model), s.ema = whole(s.ema), s.optimizer = whole(s.optimizer);
-    return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
-  }
-  if (!fsdp_) return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
-  // Sharded: each shard is written once (by its member with replicate and sp coordinates 0),
-  // between barriers, and rank 0 commits.
+  if (!fsdp_ && !tp_) return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
+  // Sharded (FSDP) or split (tensor parallel): each part is written once, by its member with
+  // replicate and sp coordinates 0, between barriers, and rank 0 commits. Nothing is gathered.
   s.shards = mesh_->degree("shard");
-  for (const auto& [name, p] : fsdp_->full_params()) s.shapes[name] = p.sizes().vec();
+  const TensorMap& parts = fsdp_ ? fsdp_->full_params() : params_;  // this member's parameter parts
+  for (const auto& [name, p] : parts) s.shapes[name] = p.sizes().vec();
+  if (tp_) {
+    s.tensor = tp_->degree();
+    for (const auto& [name, p] : parts)
+      if (tp_->split_dim(name) >= 0) s.split[name] = tp_->split_dim(name);
+  }
   if (is_lead()) begin_checkpoint(tc.out_dir, step_);
   mesh_->world()->barrier();
   if (mesh_->coord("replicate") == 0 && mesh_->coord("sp") == 0)
-    write_checkpoint_shard(checkpoint_tmp_dir(tc.out_dir, step_), s, mesh_->coord("shard"));
+    write_checkpoint_shard(checkpoint_tmp_dir(tc.out_dir, step_), s, mesh_->coord("shard"), mesh_->coord("tensor"));
   mesh_->world()->barrier();
   return is_lead() ? commit_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
 }

@@ -10,7 +10,8 @@
 // "sp" group (dist/sequence_parallel.h) and the gradient shares summed there. Logged numbers are
 // global; only rank 0 writes checkpoints, metrics and console lines. With parallel.shard > 1 the
 // parameters, gradients, AdamW state and EMA are sharded (dist/fsdp.h): model() then holds no
-// weights between steps, and checkpoints are gathered whole, so they load at any mesh. With
+// weights between steps, and checkpoints are written in parts by the shards' members (and, under
+// tensor parallel, the tensor group's), put together on load, so they load at any mesh. With
 // parallel.tensor > 1 each block's heads and MLP units are split over the "tensor" group first
 // (dist/tensor_parallel.h); the reductions and FSDP then act on each member's parts.
 //

@@ -1,10 +1,5 @@
 #include "data/latent_cache.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -16,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/mapped_file.h"
 #include "core/safetensors.h"
 
 namespace vidit {
@@ -205,12 +201,8 @@ int64_t merge_cache_index(const std::string& dir) {
 // ---------------------------------------------------------------------------------------------
 struct LatentCache::Shard {
   std::string path;
-  const uint8_t* data = nullptr;
-  size_t size = 0;
+  std::unique_ptr<MappedFile> file;
   TensorMap tensors;  // views into the mapping
-  ~Shard() {
-    if (data) ::munmap(const_cast<uint8_t*>(data), size);
-  }
 };
 
 LatentCache::LatentCache(const std::string& dir) : dir_(dir) {
@@ -227,18 +219,8 @@ std::shared_ptr<LatentCache::Shard> LatentCache::shard(const std::string& name) 
   if (it != shards_.end()) return it->second;
   auto s = std::make_shared<Shard>();
   s->path = dir_ + "/" + name;
-  const int fd = ::open(s->path.c_str(), O_RDONLY);
-  VIDIT_CHECK(fd >= 0, "cache shard '", s->path, "' cannot be opened: ", std::strerror(errno),
-              "; re-run vidit prepare to rewrite it");
-  struct stat st {};
-  ::fstat(fd, &st);
-  s->size = size_t(st.st_size);
-  void* p = s->size ? ::mmap(nullptr, s->size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-  ::close(fd);
-  VIDIT_CHECK(p != MAP_FAILED, "cache shard '", s->path, "' cannot be mapped (", s->size, " bytes): ",
-              std::strerror(errno));
-  s->data = static_cast<const uint8_t*>(p);
-  s->tensors = view_safetensors(s->data, s->size, s->path);
+  s->file = std::make_unique<MappedFile>(s->path, "cache shard", "re-run vidit prepare to rewrite it");
+  s->tensors = view_safetensors(s->file->data(), s->file->size(), s->path);
   shards_[name] = s;
   return s;
 }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 namespace vidit {
 namespace fs = std::filesystem;
@@ -102,9 +103,14 @@ std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
   return dir.string();
 }
 
-CheckpointState load_checkpoint(const std::string& dir) {
+struct CheckpointReader::Part {
+  std::unique_ptr<MappedFile> file;
+  TensorMap tensors;  // views into the mapping
+};
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   fs::path d(dir);
-  CheckpointState s;
+  CheckpointState& s = meta_;
   std::ifstream in(d / "meta.json");
   VIDIT_CHECK(in, "checkpoint '", dir, "' has no meta.json: it is incomplete or not a checkpoint");
   nlohmann::json meta;
@@ -127,58 +133,104 @@ CheckpointState load_checkpoint(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
   }
-  if (s.shards == 0) {
-    s.model = load_safetensors((d / "model.safetensors").string());
-    if (fs::exists(d / "ema.safetensors")) s.ema = load_safetensors((d / "ema.safetensors").string());
-    s.optimizer = load_safetensors((d / "optimizer.safetensors").string());
-    return s;
-  }
-  // Sharded: whole tensors from the parts. A key names a parameter, possibly behind a prefix
-  // ("exp_avg/<name>"); other keys (the step count, the RNG states) are taken from the first
-  // part. Each tensor-parallel part is first put together from its FSDP chunks (in the shape
-  // recorded for it), then the parts are concatenated along their split dimension.
   const int64_t T = std::max<int64_t>(s.tensor, 1);
-  auto assemble = [&](const char* what) {
-    std::vector<TensorMap> parts;  // file t * shards + k
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t k = 0; k < s.shards; ++k) {
-        fs::path f = d / part_name(what, k, s.shards, t, T);
-        VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(), " (", T * s.shards,
-                    " parts expected): it was not saved completely");
-        parts.push_back(load_safetensors(f.string()));
-      }
-    TensorMap whole;
-    for (const auto& [key, first] : parts[0]) {
-      std::string name = key;
-      if (!s.shapes.count(name) && key.find('/') != std::string::npos) name = key.substr(key.find('/') + 1);
-      auto shape = s.shapes.find(name);
-      if (shape == s.shapes.end()) {
-        whole[key] = first;
-        continue;
-      }
-      int64_t numel = 1;
-      for (int64_t n : shape->second) numel *= n;
-      std::vector<at::Tensor> pieces;
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<at::Tensor> chunks;
-        for (int64_t k = 0; k < s.shards; ++k) {
-          const TensorMap& p = parts[size_t(t * s.shards + k)];
-          VIDIT_CHECK(p.count(key), "checkpoint '", dir, "': a part of ", what, " lacks '", key, "'");
-          chunks.push_back(p.at(key).flatten());
-        }
-        at::Tensor flat = at::cat(chunks);
-        VIDIT_CHECK(flat.numel() >= numel, "checkpoint '", dir, "': the parts of '", key, "' hold ", flat.numel(),
-                    " values, fewer than its shape needs (", numel, ")");
-        pieces.push_back(flat.narrow(0, 0, numel).reshape(shape->second));
-      }
-      auto split = s.split.find(name);
-      whole[key] = T > 1 && split != s.split.end() ? at::cat(pieces, split->second) : pieces[0].clone();
+  for (const char* what : {"model", "ema", "optimizer"}) {
+    // Whole tensors in one file, or parts: file t * shards + k.
+    std::vector<fs::path> files;
+    if (s.shards == 0) {
+      files.push_back(d / (std::string(what) + ".safetensors"));
+    } else {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < s.shards; ++k) files.push_back(d / part_name(what, k, s.shards, t, T));
     }
-    return whole;
-  };
-  s.model = assemble("model");
-  if (fs::exists(d / part_name("ema", 0, s.shards, 0, T))) s.ema = assemble("ema");
-  s.optimizer = assemble("optimizer");
+    if (std::string(what) == "ema" && !fs::exists(files[0])) continue;  // saved without EMA
+    std::vector<Part>& parts = parts_[what];
+    for (const fs::path& f : files) {
+      VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(),
+                  files.size() > 1 ? " (" + std::to_string(files.size()) + " parts expected)" : std::string(),
+                  ": it was not saved completely");
+      Part p;
+      p.file = std::make_unique<MappedFile>(f.string(), "checkpoint file");
+      p.tensors = view_safetensors(p.file->data(), p.file->size(), f.string());
+      parts.push_back(std::move(p));
+    }
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+bool CheckpointReader::has(const std::string& what) const { return parts_.count(what) > 0; }
+
+const std::vector<CheckpointReader::Part>& CheckpointReader::parts(const std::string& what) const {
+  auto it = parts_.find(what);
+  VIDIT_CHECK(it != parts_.end(), "checkpoint '", dir_, "' has no ", what, " state");
+  return it->second;
+}
+
+std::vector<std::string> CheckpointReader::keys(const std::string& what) const {
+  std::vector<std::string> out;
+  for (const auto& [key, t] : parts(what)[0].tensors) out.push_back(key);
+  return out;
+}
+
+// A key names a parameter, possibly behind a prefix ("exp_avg/<name>"), or nothing ("").
+std::string CheckpointReader::param_of(const std::string& key) const {
+  if (meta_.shapes.count(key)) return key;
+  const size_t slash = key.find('/');
+  if (slash != std::string::npos && meta_.shapes.count(key.substr(slash + 1))) return key.substr(slash + 1);
+  return "";
+}
+
+// Sharded: each tensor-parallel part is put together from its FSDP chunks (in the shape recorded
+// for it), then the parts are concatenated along their split dimension. Keys that name no
+// parameter (the step count, the RNG states) are taken from the first part.
+at::Tensor CheckpointReader::whole(const std::string& what, const std::string& key) const {
+  const std::vector<Part>& ps = parts(what);
+  auto first = ps[0].tensors.find(key);
+  VIDIT_CHECK(first != ps[0].tensors.end(), "checkpoint '", dir_, "': ", what, " has no '", key, "'");
+  const std::string name = meta_.shards > 0 ? param_of(key) : "";
+  if (name.empty()) return first->second.clone();
+  const std::vector<int64_t>& shape = meta_.shapes.at(name);
+  int64_t numel = 1;
+  for (int64_t n : shape) numel *= n;
+  const int64_t T = std::max<int64_t>(meta_.tensor, 1), S = meta_.shards;
+  std::vector<at::Tensor> pieces;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<at::Tensor> chunks;
+    for (int64_t k = 0; k < S; ++k) {
+      const TensorMap& p = ps[size_t(t * S + k)].tensors;
+      auto it = p.find(key);
+      VIDIT_CHECK(it != p.end(), "checkpoint '", dir_, "': a part of ", what, " lacks '", key, "'");
+      chunks.push_back(it->second.flatten());
+    }
+    at::Tensor flat = at::cat(chunks);
+    VIDIT_CHECK(flat.numel() >= numel, "checkpoint '", dir_, "': the parts of '", key, "' hold ", flat.numel(),
+                " values, fewer than its shape needs (", numel, ")");
+    pieces.push_back(flat.narrow(0, 0, numel).reshape(shape));
+  }
+  auto split = meta_.split.find(name);
+  return T > 1 && split != meta_.split.end() ? at::cat(pieces, split->second) : pieces[0].clone();
+}
+
+TensorMap CheckpointReader::shapes(const std::string& what) const {
+  TensorMap out;
+  for (const auto& [key, t] : parts(what)[0].tensors) {
+    const std::string name = meta_.shards > 0 ? param_of(key) : "";
+    std::vector<int64_t> shape = name.empty() ? t.sizes().vec() : meta_.shapes.at(name);
+    auto split = meta_.split.find(name);
+    if (!name.empty() && meta_.tensor > 1 && split != meta_.split.end()) shape[size_t(split->second)] *= meta_.tensor;
+    out[key] = at::empty(shape, at::TensorOptions().dtype(t.scalar_type()).device(at::kMeta));
+  }
+  return out;
+}
+
+CheckpointState load_checkpoint(const std::string& dir) {
+  CheckpointReader r(dir);
+  CheckpointState s = r.meta();
+  for (const auto& key : r.keys("model")) s.model[key] = r.whole("model", key);
+  if (r.has("ema"))
+    for (const auto& key : r.keys("ema")) s.ema[key] = r.whole("ema", key);
+  for (const auto& key : r.keys("optimizer")) s.optimizer[key] = r.whole("optimizer", key);
   return s;
 }
 

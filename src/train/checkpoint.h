@@ -18,6 +18,7 @@
 // write_checkpoint_shard(), a barrier, rank 0 commit_checkpoint().
 #pragma once
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 #include <string>
@@ -51,7 +52,35 @@ void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& p
 std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
 // Directory named by <out_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
-// Loads a checkpoint directory; throws vidit::Error naming the file on anything missing or bad.
+// Loads a checkpoint directory whole; throws vidit::Error naming the file on anything missing or bad.
 CheckpointState load_checkpoint(const std::string& dir);
+
+// Reads a checkpoint one whole tensor at a time from its memory-mapped files: a rank resuming
+// at any mesh cuts each tensor to its own part and drops it (Trainer::load), so it never holds
+// more than one whole tensor beyond its own state, and reads from disk only what it touches.
+// load_checkpoint() reads everything through it.
+class CheckpointReader {
+ public:
+  // Reads meta.json and maps every file; throws naming the first one missing or malformed.
+  explicit CheckpointReader(const std::string& dir);
+  ~CheckpointReader();
+  const std::string& dir() const { return dir_; }
+  // Everything but the tensors (step, sampler, EMA count, config, part layout).
+  const CheckpointState& meta() const { return meta_; }
+  bool has(const std::string& what) const;  // "model", "ema" (absent when saved without), "optimizer"
+  std::vector<std::string> keys(const std::string& what) const;
+  // The whole tensor under `key` (an owned copy), put together from its parts.
+  at::Tensor whole(const std::string& what, const std::string& key) const;
+  // Every key's whole shape and dtype, as tensors on the meta device (for checks before reading).
+  TensorMap shapes(const std::string& what) const;
+
+ private:
+  struct Part;
+  const std::vector<Part>& parts(const std::string& what) const;
+  std::string param_of(const std::string& key) const;
+  std::string dir_;
+  CheckpointState meta_;
+  std::map<std::string, std::vector<Part>> parts_;
+};
 
 }  // namespace vidit

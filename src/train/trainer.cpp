@@ -115,32 +115,30 @@ std::string Trainer::save() {
 }
 
 void Trainer::load(const std::string& dir) {
-  CheckpointState s = load_checkpoint(dir);
-  TensorMap model = s.model;
-  if (tp_) {
-    check_state_dict(tp_->whole_params(), model, dir + "/model.safetensors");
-    model = tp_->part_of(model);
-  }
-  if (fsdp_) {
-    if (!tp_) check_state_dict(fsdp_->full_params(), model, dir + "/model.safetensors");
-    TensorMap mine = fsdp_->shard_of(model);
-    at::NoGradGuard ng;
-    for (auto& [name, p] : params_) p.copy_(mine.at(name));
-  } else {
-    load_state_dict(*model_, model, dir + "/model.safetensors");
-  }
+  // One whole tensor at a time: read from the mapped files, cut to this member's part (tensor
+  // parallel) and shard (FSDP), and dropped, so that resuming a large model at any mesh needs
+  // no more memory than one whole tensor beyond this member's state.
+  CheckpointReader ckpt(dir);
+  const CheckpointState& meta = ckpt.meta();
+  auto mine = [&](const char* what, const std::string& key) { return local({{key, ckpt.whole(what, key)}}).at(key); };
+  // Every parameter, by name and whole shape, before anything is read.
+  check_state_dict(tp_ ? tp_->whole_params() : fsdp_ ? fsdp_->full_params() : params_, ckpt.shapes("model"),
+                   dir + "/model.safetensors");
+  at::NoGradGuard ng;
+  for (auto& [name, p] : params_) p.copy_(mine("model", name));
   if (ema_) {
-    VIDIT_CHECK(!s.ema.empty(), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");
-    const TensorMap ema = local(s.ema);
-    at::NoGradGuard ng;
+    VIDIT_CHECK(ckpt.has("ema"), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");
+    const TensorMap saved = ckpt.shapes("ema");
     for (auto& [name, t] : ema_->weights()) {
-      auto it = ema.find(name);
-      VIDIT_CHECK(it != ema.end(), "checkpoint '", dir, "/ema.safetensors' lacks '", name, "'");
-      t.copy_(it->second);
+      VIDIT_CHECK(saved.count(name), "checkpoint '", dir, "/ema.safetensors' lacks '", name, "'");
+      t.copy_(mine("ema", name));
     }
-    ema_->set_updates(s.ema_updates);
+    ema_->set_updates(meta.ema_updates);
   }
-  opt_->load_state(local(s.optimizer), dir + "/optimizer.safetensors");
+  CheckpointState s;
+  for (const std::string& key : ckpt.keys("optimizer")) s.optimizer[key] = mine("optimizer", key);
+  s.step = meta.step, s.sampler = meta.sampler;
+  opt_->load_state(s.optimizer, dir + "/optimizer.safetensors");
   auto rng = s.optimizer.find("rng/train");
   VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
   const int dp_rank = mesh_ ? mesh_->coord("dp") : 0;

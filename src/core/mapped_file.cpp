@@ -1,0 +1,37 @@
+#include "core/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace vidit {
+
+MappedFile::MappedFile(const std::string& path, const std::string& what, const std::string& fix) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  VIDIT_CHECK(fd >= 0, what, " '", path, "' cannot be opened: ", std::strerror(errno), fix.empty() ? "" : "; ", fix);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(what, " '", path, "' cannot be read: ", std::strerror(err));
+  }
+  size_ = size_t(st.st_size);
+  void* p = size_ ? ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  const int err = errno;
+  ::close(fd);
+  VIDIT_CHECK(p != MAP_FAILED, what, " '", path, "' cannot be mapped (", size_, " bytes): ",
+              size_ ? std::strerror(err) : "the file is empty", fix.empty() ? "" : "; ", fix);
+  data_ = static_cast<const uint8_t*>(p);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace vidit

@@ -1,0 +1,30 @@
+// A whole file mapped read-only into memory (unmapped on destruction). Pages are read on first
+// touch and belong to the page cache, so processes on one node that map the same file share
+// them, and a reader that touches part of a file reads only that part.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace vidit {
+
+class MappedFile {
+ public:
+  // `what` names the file's role in messages ("cache shard", "checkpoint part"); `fix` says what
+  // to do when it cannot be opened. Throws vidit::Error naming the file.
+  MappedFile(const std::string& path, const std::string& what, const std::string& fix = "");
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace vidit

@@ -9,6 +9,7 @@
 // reports the median time rank 0 was blocked in collectives per step (dist/timed_comm.h): the
 // communication compute did not hide (bench/bench_overlap.sh compares FSDP prefetch on / off).
 #include <ATen/Parallel.h>
+#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
@@ -31,6 +32,13 @@
 #include "train/trainer.h"
 
 using namespace vidit;
+
+// The process's peak resident memory (getrusage), MB.
+static double peak_rss_mb() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"time vidit training steps"};
@@ -113,11 +121,13 @@ int main(int argc, char** argv) {
     if (mesh)
       std::printf("%d ranks (%s): rank 0 blocked in collectives %.4f s per step (median), %.1f%% of the step\n",
                   env.world, mesh->world()->backend().c_str(), wait, 100.0 * wait / med);
+    std::printf("peak resident memory %.1f MB\n", peak_rss_mb());
     std::printf("tokens/s %.0f | samples/s %.2f | achieved %.3f GFLOP/s\n", samples * info.tokens / med,
                 samples / med, samples * info.train_flops / med / 1e9);
     std::printf("%s\n", nlohmann::json{{"step_time_s", med}, {"gflops", samples * info.train_flops / med / 1e9},
                                        {"tokens_per_s", samples * info.tokens / med},
-                                       {"ranks", env.world}, {"comm_wait_s", mesh ? wait : 0.0}}.dump().c_str());
+                                       {"ranks", env.world}, {"comm_wait_s", mesh ? wait : 0.0},
+                                       {"peak_rss_mb", peak_rss_mb()}}.dump().c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

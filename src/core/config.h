@@ -96,6 +96,8 @@ struct TrainConfig {
   int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
   int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
   int64_t threads = 0;            // intra-op threads; 0 = all cores
+  int64_t recompute_blocks = 0;   // activation checkpointing: recompute the first N blocks in
+                                  // backward instead of keeping their activations; -1 = all
   int64_t trace_steps = 0;        // write a Chrome trace of this many steps (after the first) to
                                   // <out_dir>/trace/rank<R>.json; 0 = off
   std::string init_from;          // weights to start from: a .safetensors file or a folder of

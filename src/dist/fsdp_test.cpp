@@ -180,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Shard2KeepingWeightsForBackward", 2, "parallel.shard=2 parallel.reshard_after_forward=false"},
                       test::WorkerMesh{"Replicate2xShard2", 4, "parallel.replicate=2 parallel.shard=2"},
                       test::WorkerMesh{"Shard2xUlysses2", 4, "parallel.shard=2 parallel.ulysses=2"},
-                      test::WorkerMesh{"Shard2xRing2", 4, "parallel.shard=2 parallel.ring=2"}),
+                      test::WorkerMesh{"Shard2xRing2", 4, "parallel.shard=2 parallel.ring=2"},
+                      test::WorkerMesh{"Shard2Recomputing", 2, "parallel.shard=2 train.recompute_blocks=-1"}),
     test::mesh_test_name);
 
 TEST(Mpi, FsdpKeepsOneShardOfTheStateOn4Ranks) {

@@ -50,7 +50,12 @@ StepPlan plan_step(const Config& cfg) {
   plan.optimizer = 8 * P / shard;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * P / shard : 0;
   plan.gathered = p.shard > 1 ? 4 * (root + std::min<double>(2, m.layers) * block) : 0;
-  plan.activations = double(m.layers) * b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
+  // Recomputed blocks (train.recompute_blocks) keep their input only, and one of them at a time
+  // holds its full activations again during its backward.
+  const double layers = double(m.layers);
+  const double recomputed = cfg.train.recompute_blocks < 0 ? layers : std::min<double>(cfg.train.recompute_blocks, layers);
+  const double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
+  plan.activations = (layers - recomputed) * per_block + recomputed * b * Lc * d * 4 + (recomputed > 0 ? per_block : 0);
 
   // Gradients.
   if (p.shard > 1) {
@@ -72,16 +77,17 @@ StepPlan plan_step(const Config& cfg) {
   // the gradients of the inputs of q / k / v, cross-attention q, the text context and the MLP,
   // and the norms' again.
   const double norms = 4 * b * (3 * Lc + Lt);
-  add("all_reduce", "tensor parallel", A * double(m.layers) *
-                                           (all_reduce(T, 3 * b * Lc * d * 4 + norms) +
-                                            all_reduce(T, 3 * b * Lc * d * 4 + b * Lt * d * 4 + norms)));
+  // A recomputed block runs its forward collectives twice.
+  add("all_reduce", "tensor parallel", A * ((layers + recomputed) * all_reduce(T, 3 * b * Lc * d * 4 + norms) +
+                                            layers * all_reduce(T, 3 * b * Lc * d * 4 + b * Lt * d * 4 + norms)));
   // Tokens split over sp.
   const double act = 4, v_bytes = bf16 ? 2 : 4;
   // Attention sees this rank's heads: d / T features under tensor parallel.
   const double dh = d / T;
-  add("all_to_all", "Ulysses", 2 * A * double(m.layers) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
+  add("all_to_all", "Ulysses", A * (2 * layers + recomputed) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
   const double kv = 2 * b * (L / r) * (dh / u) * 4;
-  if (p.ring > 1) add("send", "ring attention", A * double(m.layers) * ((r - 1) * kv + (r - 1) * kv + r * kv));
+  if (p.ring > 1)
+    add("send", "ring attention", A * ((layers + recomputed) * (r - 1) * kv + layers * ((r - 1) * kv + r * kv)));
   add("all_gather", "sequence output", A * spread(sp, b * L * double(m.out_channels) * patch * 4));
   return plan;
 }

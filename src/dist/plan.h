@@ -33,7 +33,9 @@
 // Memory per rank: fp32 weights, gradients, AdamW moments and EMA of the rank's part (the split
 // block parameters divided by the tensor degree), divided by the shard degree under FSDP, plus the largest gathered units (root and two blocks); activations are an
 // estimate, (18 d + 2 ffn) x 4 bytes per local token per block (what a block saves for
-// backward), not a measurement.
+// backward), not a measurement; a recomputed block (train.recompute_blocks) keeps d x 4 bytes
+// per token, plus one block's full set while it is recomputed, and runs its forward
+// collectives (tensor parallel, Ulysses, ring) twice.
 #pragma once
 #include <map>
 #include <string>

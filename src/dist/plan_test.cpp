@@ -108,7 +108,9 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Tensor2xReplicate2", 4, "parallel.replicate=2 parallel.tensor=2 train.grad_accum=2"},
                       test::WorkerMesh{"Shard2xTensor2", 4, "parallel.shard=2 parallel.tensor=2"},
                       test::WorkerMesh{"Tensor2xUlysses2", 4, "parallel.tensor=2 parallel.ulysses=2 model.heads=4"},
-                      test::WorkerMesh{"Tensor2xRing2", 4, "parallel.tensor=2 parallel.ring=2"}),
+                      test::WorkerMesh{"Tensor2xRing2", 4, "parallel.tensor=2 parallel.ring=2"},
+                      test::WorkerMesh{"Tensor2xRing2Recomputing2", 4, "parallel.tensor=2 parallel.ring=2 train.recompute_blocks=2"},
+                      test::WorkerMesh{"Shard2xUlysses2RecomputingAll", 4, "parallel.shard=2 parallel.ulysses=2 train.recompute_blocks=-1"}),
     test::mesh_test_name);
 
 }  // namespace

@@ -156,7 +156,9 @@ INSTANTIATE_TEST_SUITE_P(Mpi, SequenceParallelTraining,
                                            test::WorkerMesh{"Ring2Accumulating", 2, "parallel.ring=2 train.grad_accum=2"},
                                            test::WorkerMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
                                            test::WorkerMesh{"Replicate2xUlysses2", 4, "parallel.replicate=2 parallel.ulysses=2"},
-                                           test::WorkerMesh{"Replicate2xRing2", 4, "parallel.replicate=2 parallel.ring=2"}),
+                                           test::WorkerMesh{"Replicate2xRing2", 4, "parallel.replicate=2 parallel.ring=2"},
+                                           test::WorkerMesh{"Ulysses2xRing2Recomputing1", 4,
+                                                            "parallel.ulysses=2 parallel.ring=2 train.recompute_blocks=1"}),
                          test::mesh_test_name);
 
 }  // namespace

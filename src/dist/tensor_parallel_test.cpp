@@ -139,7 +139,9 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Replicate2xTensor2", 4, "parallel.replicate=2 parallel.tensor=2"},
                       test::WorkerMesh{"Shard2xTensor2", 4, "parallel.shard=2 parallel.tensor=2"},
                       test::WorkerMesh{"Ulysses2xTensor2", 4, "parallel.ulysses=2 parallel.tensor=2"},
-                      test::WorkerMesh{"Ring2xTensor2", 4, "parallel.ring=2 parallel.tensor=2"}),
+                      test::WorkerMesh{"Ring2xTensor2", 4, "parallel.ring=2 parallel.tensor=2"},
+                      test::WorkerMesh{"Shard2xTensor2RecomputingAll", 4,
+                                       "parallel.shard=2 parallel.tensor=2 train.recompute_blocks=-1"}),
     test::mesh_test_name);
 
 // A checkpoint of tensor parallel x data parallel resumes as FSDP x tensor parallel, and one of

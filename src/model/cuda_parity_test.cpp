@@ -11,7 +11,7 @@
 #include "data/dataset.h"
 #include "model/dit.h"
 #include "model/state_dict.h"
-#include "train/precision.h"
+#include "core/precision.h"
 #include "train/trainer.h"
 #include "vae/wan_vae.h"
 

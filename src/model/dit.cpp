@@ -4,6 +4,7 @@
 #include <torch/nn/modules/activation.h>
 
 #include "core/error.h"
+#include "model/recompute.h"
 #include "model/rope.h"
 
 namespace vidit {
@@ -123,7 +124,10 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
 
   for (int64_t i = 0; i < int64_t(blocks->size()); ++i) {
     if (hooks.block_begin) hooks.block_begin(i);
-    tokens = blocks[i]->as<DiTBlockImpl>()->forward(tokens, e0, context, cos, sin);
+    DiTBlockImpl& block = *blocks[i]->as<DiTBlockImpl>();
+    const bool recompute = (recompute_blocks < 0 || i < recompute_blocks) && at::GradMode::is_enabled();
+    tokens = recompute ? recomputed_block(block, tokens, e0, context, cos, sin)
+                       : block.forward(tokens, e0, context, cos, sin);
     if (hooks.block_end) tokens = hooks.block_end(i, tokens);
   }
   at::Tensor out = head(tokens, e);  // [B, L, pt*ph*pw*C]

@@ -82,6 +82,9 @@ struct DiTImpl : torch::nn::Module {
   Head head{nullptr};
   TokenSplit token_split;  // empty: every token in this process
   ForwardHooks hooks;      // empty: none
+  // Blocks whose activations are recomputed in backward instead of kept (model/recompute.h):
+  // the first N, -1 for all, 0 for none. Only when gradients are being recorded.
+  int64_t recompute_blocks = 0;
 };
 TORCH_MODULE(DiT);
 

@@ -7,7 +7,7 @@
 #include "model/model_info.h"
 #include "model/rope.h"
 #include "model/state_dict.h"
-#include "train/precision.h"
+#include "core/precision.h"
 
 namespace vidit {
 namespace {

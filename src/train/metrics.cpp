@@ -29,6 +29,8 @@ void MetricsLogger::log(const StepMetrics& m) {
                         {"step_time_s", m.step_seconds}, {"samples_per_s", m.samples_per_s},
                         {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}};
     if (m.comm_wait_s >= 0) j["comm_wait_s"] = m.comm_wait_s;
+    if (m.slowest_rank >= 0)
+      j["slowest_rank"] = m.slowest_rank, j["slowest_busy_s"] = m.slowest_busy_s, j["median_busy_s"] = m.median_busy_s;
     jsonl_ << j.dump() << "\n";
     jsonl_.flush();
   }
@@ -40,9 +42,15 @@ void MetricsLogger::log(const StepMetrics& m) {
   const int filled = m.total_steps > 0 ? int(width * m.step / m.total_steps) : 0;
   std::string bar(filled, '#');
   bar.append(width - filled, '-');
-  char comm[32] = "";
-  if (m.comm_wait_s >= 0 && m.step_seconds > 0)
-    std::snprintf(comm, sizeof comm, " | comm wait %.0f%%", 100.0 * m.comm_wait_s / m.step_seconds);
+  char comm[96] = "";
+  if (m.comm_wait_s >= 0 && m.step_seconds > 0) {
+    int n = std::snprintf(comm, sizeof comm, " | comm wait %.0f%%", 100.0 * m.comm_wait_s / m.step_seconds);
+    // A straggler: one rank computing 20% (and 50 ms) longer than the median rank.
+    if (m.slowest_rank >= 0 && m.median_busy_s > 0 && m.slowest_busy_s > 1.2 * m.median_busy_s &&
+        m.slowest_busy_s > m.median_busy_s + 0.05)
+      std::snprintf(comm + n, sizeof comm - size_t(n), " | rank %d slow (+%.0f%%)", m.slowest_rank,
+                    100.0 * (m.slowest_busy_s / m.median_busy_s - 1));
+  }
   std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step%s | %.1f samples/s"
               " | %.0f tok/s | %.4f TFLOP/s | ETA %s\n",
               (long long)m.step, (long long)m.total_steps, bar.c_str(), m.loss, m.grad_norm, m.lr,

@@ -13,6 +13,10 @@ struct StepMetrics {
   double loss = 0, grad_norm = 0, lr = 0, step_seconds = 0;
   double samples_per_s = 0, tokens_per_s = 0, tflops = 0;  // achieved TFLOP/s
   double comm_wait_s = -1;  // distributed: this rank's time blocked in collectives (-1: one process)
+  // Distributed: the rank that computed longest this step (step time minus time blocked in
+  // collectives: a slow node makes the others wait, so it is busiest), and the median over ranks.
+  int slowest_rank = -1;
+  double slowest_busy_s = 0, median_busy_s = 0;
 };
 
 class MetricsLogger {

@@ -7,7 +7,7 @@
 
 #include "core/trace.h"
 #include "diffusion/flow_matching.h"
-#include "train/precision.h"
+#include "core/precision.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 

@@ -43,6 +43,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   if (!cfg.train.init_from.empty())
     load_state_dict(*model_, read_weights(cfg.train.init_from), cfg.train.init_from);
   model_->to(device_);
+  model_->recompute_blocks = cfg.train.recompute_blocks;
   for (auto& item : model_->named_parameters(true)) {
     params_[item.key()] = item.value();
     param_list_.push_back(item.value());
@@ -163,6 +164,15 @@ double Trainer::sample_flops(const at::Tensor& x) {
   return model_info(c).train_flops;
 }
 
+void Trainer::find_slowest(const StepResult& r, StepMetrics& m) const {
+  at::Tensor mine = at::tensor({r.seconds - std::max(0.0, r.comm_wait_s)}, at::kDouble);
+  at::Tensor all = at::empty({mesh_->size()}, at::kDouble);
+  mesh_->world()->all_gather(mine, all)->wait();
+  m.slowest_rank = int(all.argmax().item<int64_t>());
+  m.slowest_busy_s = all.max().item<double>();
+  m.median_busy_s = all.median().item<double>();
+}
+
 double Trainer::batch_share(const MicroBatch& mb) const {
   const auto& dp = mesh_->group("dp");
   const double mine = double(mb.latents.size(0));
@@ -218,10 +228,11 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
-    if (logger && (r.step % cfg_.train.log_every == 0 || r.step == until)) {
+    if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12, r.comm_wait_s};
-      logger->log(m);
+      if (mesh_ && mesh_->size() > 1) find_slowest(r, m);  // collective: every rank logs the same steps
+      if (logger) logger->log(m);
     }
     if (step_ == trace_to) finish_trace();
     if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until) save();

@@ -15,7 +15,8 @@
 // parallel.tensor > 1 each block's heads and MLP units are split over the "tensor" group first
 // (dist/tensor_parallel.h); the reductions and FSDP then act on each member's parts.
 //
-// Every step reports the time this rank spent blocked in collectives (dist/timed_comm.h), and
+// Every step reports the time this rank spent blocked in collectives (dist/timed_comm.h); each
+// logged step also names the rank that computed longest (a slow node), and
 // train.trace_steps > 0 writes a Chrome trace of that many steps, from the second step of the
 // run, to <out_dir>/trace/rank<R>.json (core/trace.h).
 #pragma once
@@ -108,6 +109,8 @@ class Trainer {
   double batch_share(const MicroBatch& mb) const;
   // What an idle rank computes (with weight 0): its last batch, or zeros before it has one.
   MicroBatch stand_in() const;
+  // Distributed: fills m's slowest rank and median busy time (all-gather of one double).
+  void find_slowest(const StepResult& r, StepMetrics& m) const;
   MicroBatch last_batch_;
   int64_t step_ = 0;
   std::shared_ptr<const Mesh> mesh_;

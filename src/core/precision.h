@@ -8,20 +8,17 @@
 
 namespace vidit {
 
-// RAII: enables bf16 autocast on `device` for its lifetime when precision == "bf16".
+// RAII: enables bf16 autocast on `device` for its lifetime when precision == "bf16" (and leaves
+// the state alone otherwise); or sets exactly a state captured earlier (`enabled`, `dtype`),
+// e.g. to recompute a forward in backward as it first ran (model/recompute.h).
 class AutocastGuard {
  public:
   AutocastGuard(const std::string& precision, at::DeviceType device) : device_(device) {
-    enabled_ = precision == "bf16";
-    if (!enabled_) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
-    at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
-    at::autocast::increment_nesting();
+    if (precision == "bf16") set(true, at::kBFloat16);
   }
+  AutocastGuard(at::DeviceType device, bool enabled, at::ScalarType dtype) : device_(device) { set(enabled, dtype); }
   ~AutocastGuard() {
-    if (!enabled_) return;
+    if (!active_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     at::autocast::set_autocast_enabled(device_, prev_enabled_);
     at::autocast::set_autocast_dtype(device_, prev_dtype_);
@@ -30,8 +27,16 @@ class AutocastGuard {
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
+  void set(bool enabled, at::ScalarType dtype) {
+    active_ = true;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, enabled);
+    at::autocast::set_autocast_dtype(device_, dtype);
+    at::autocast::increment_nesting();
+  }
   at::DeviceType device_;
-  bool enabled_ = false, prev_enabled_ = false;
+  bool active_ = false, prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 

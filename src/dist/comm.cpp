@@ -84,15 +84,15 @@ std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env, at::DeviceType devic
   if (env.world == 1) return make_single_comm();
   std::string engine = device == at::kCUDA ? "nccl" : env.launcher == "torchrun" ? "gloo" : "mpi";
   if (const char* chosen = std::getenv("VIDIT_COMM")) engine = chosen;
-  if (engine == "gloo" || engine == "nccl") {
-    const char* t = std::getenv("VIDIT_COMM_TIMEOUT_S");
-    const double seconds = t ? std::atof(t) : 600.0;
-    VIDIT_CHECK(seconds > 0, "VIDIT_COMM_TIMEOUT_S = '", t, "' must be a positive number of seconds");
-    return make_c10d_world_comm(env, engine, std::chrono::milliseconds(int64_t(seconds * 1000)));
-  }
+  // How long a collective may wait for the slowest member before the job is ended, every engine.
+  const char* t = std::getenv("VIDIT_COMM_TIMEOUT_S");
+  const double seconds = t ? std::atof(t) : 600.0;
+  VIDIT_CHECK(seconds > 0, "VIDIT_COMM_TIMEOUT_S = '", t, "' must be a positive number of seconds");
+  const auto timeout = std::chrono::milliseconds(int64_t(seconds * 1000));
+  if (engine == "gloo" || engine == "nccl") return make_c10d_world_comm(env, engine, timeout);
   VIDIT_CHECK(engine == "mpi", "VIDIT_COMM = '", engine, "': the engines are mpi, gloo and nccl");
 #ifdef VIDIT_HAVE_MPI
-  auto world = make_mpi_world_comm();
+  auto world = make_mpi_world_comm(timeout);
   VIDIT_CHECK(world->size() == env.world && world->rank() == env.rank, "the ", env.launcher,
               " environment says rank ", env.rank, " of ", env.world, " but MPI sees rank ", world->rank(), " of ",
               world->size(), ". The MPI engine needs processes started by mpirun or srun (--mpi=pmix); for "

@@ -2,15 +2,18 @@
 // each Work. Copies (gather, all-to-all, broadcast, send/recv) move bytes (MPI_BYTE); reductions
 // use the element type, with bf16/fp16 reduced in an fp32 copy. Avg is a sum divided by the size
 // when the Work completes. Every MPI call is checked (errors return, not abort) and a failure
-// names the operation and MPI's message.
+// names the operation and MPI's message. A wait gives up after VIDIT_COMM_TIMEOUT_S seconds
+// (MpiWork below), so a member that hangs ends the job instead of blocking the others forever.
 // The C API only (no deprecated C++ bindings).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "core/error.h"
 #include "dist/comm_mpi.h"
@@ -54,9 +57,14 @@ MPI_Datatype element_type(at::ScalarType t, const char* op) {
 MPI_Op reduce_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
 
 // One outstanding request. `finish` runs after completion with the request's status.
+// Waiting polls MPI_Test, so that a wait can give up: after `timeout` without completion (a
+// member hung, or stopped without dying) it throws, naming the operation, instead of blocking
+// forever; the caller's error path then ends the job (abort_world). After 10 ms of waiting it
+// yields the core between polls.
 class MpiWork : public Work {
  public:
-  MpiWork(const char* op, std::vector<at::Tensor> keep) : op_(op), keep_(std::move(keep)) {}
+  MpiWork(const char* op, std::vector<at::Tensor> keep, int group, double timeout_s)
+      : op_(op), keep_(std::move(keep)), group_(group), timeout_s_(timeout_s) {}
   ~MpiWork() override {
     if (!done_) try {
         wait();
@@ -69,7 +77,18 @@ class MpiWork : public Work {
     if (done_) return;
     done_ = true;
     MPI_Status st;
-    check_mpi(MPI_Wait(&req_, &st), op_);
+    int complete = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t polls = 1;; ++polls) {
+      check_mpi(MPI_Test(&req_, &complete, &st), op_);
+      if (complete) break;
+      if (polls % 1024 == 0) {
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        VIDIT_CHECK(waited < timeout_s_, "MPI ", op_, " in a group of ", group_, " processes did not complete in ",
+                    timeout_s_, " s: a member is hung or far behind (VIDIT_COMM_TIMEOUT_S sets this limit)");
+        if (waited > 0.01) std::this_thread::yield();
+      }
+    }
     if (finish_) finish_(st);
     finish_ = nullptr;
     keep_.clear();
@@ -78,6 +97,8 @@ class MpiWork : public Work {
  private:
   const char* op_;
   std::vector<at::Tensor> keep_;  // alive until complete
+  int group_;
+  double timeout_s_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::function<void(const MPI_Status&)> finish_;
   bool done_ = false;
@@ -91,7 +112,7 @@ void finalize_at_exit() {
 
 class MpiComm : public Comm {
  public:
-  MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  MpiComm(MPI_Comm comm, bool owned, double timeout_s) : comm_(comm), owned_(owned), timeout_s_(timeout_s) {
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "Comm_size");
@@ -109,7 +130,7 @@ class MpiComm : public Comm {
     check_tensor(t, "all_reduce", "input");
     at::Tensor buf = reduces_in_fp32(t.scalar_type()) ? t.to(at::kFloat) : t;
     check_average(buf, op, "all_reduce");
-    auto w = std::make_shared<MpiWork>("Iallreduce", std::vector<at::Tensor>{t, buf});
+    auto w = std::make_shared<MpiWork>("Iallreduce", std::vector<at::Tensor>{t, buf}, size_, timeout_s_);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), to_count(buf.numel(), "all_reduce"),
                              element_type(buf.scalar_type(), "all_reduce"), reduce_op(op), comm_, w->request()),
               "Iallreduce");
@@ -125,7 +146,7 @@ class MpiComm : public Comm {
     check_tensor(out, "all_gather", "output");
     check_blocks(in, out, size_, "all_gather");
     const int bytes = to_count(in.nbytes(), "all_gather");
-    auto w = std::make_shared<MpiWork>("Iallgather", std::vector<at::Tensor>{in, out});
+    auto w = std::make_shared<MpiWork>("Iallgather", std::vector<at::Tensor>{in, out}, size_, timeout_s_);
     check_mpi(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, w->request()),
               "Iallgather");
     return w;
@@ -138,7 +159,7 @@ class MpiComm : public Comm {
     const bool up = reduces_in_fp32(in.scalar_type());
     at::Tensor src = up ? in.to(at::kFloat) : in, dst = up ? at::empty(out.sizes(), out.options().dtype(at::kFloat)) : out;
     check_average(dst, op, "reduce_scatter");
-    auto w = std::make_shared<MpiWork>("Ireduce_scatter_block", std::vector<at::Tensor>{in, out, src, dst});
+    auto w = std::make_shared<MpiWork>("Ireduce_scatter_block", std::vector<at::Tensor>{in, out, src, dst}, size_, timeout_s_);
     check_mpi(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), to_count(dst.numel(), "reduce_scatter"),
                                         element_type(dst.scalar_type(), "reduce_scatter"), reduce_op(op), comm_,
                                         w->request()),
@@ -159,7 +180,7 @@ class MpiComm : public Comm {
                 " must split evenly over ", size_, " processes");
     VIDIT_CHECK(!in.is_same(out) && in.data_ptr() != out.data_ptr(), "all_to_all: input and output must not alias");
     const int block = to_count(in.nbytes() / size_, "all_to_all");
-    auto w = std::make_shared<MpiWork>("Ialltoall", std::vector<at::Tensor>{in, out});
+    auto w = std::make_shared<MpiWork>("Ialltoall", std::vector<at::Tensor>{in, out}, size_, timeout_s_);
     check_mpi(MPI_Ialltoall(in.data_ptr(), block, MPI_BYTE, out.data_ptr(), block, MPI_BYTE, comm_, w->request()),
               "Ialltoall");
     return w;
@@ -168,7 +189,7 @@ class MpiComm : public Comm {
   WorkPtr broadcast(at::Tensor& t, int root) override {
     check_tensor(t, "broadcast", "input");
     check_peer(root, "broadcast root");
-    auto w = std::make_shared<MpiWork>("Ibcast", std::vector<at::Tensor>{t});
+    auto w = std::make_shared<MpiWork>("Ibcast", std::vector<at::Tensor>{t}, size_, timeout_s_);
     check_mpi(MPI_Ibcast(t.data_ptr(), to_count(t.nbytes(), "broadcast"), MPI_BYTE, root, comm_, w->request()),
               "Ibcast");
     return w;
@@ -177,7 +198,7 @@ class MpiComm : public Comm {
   WorkPtr send(const at::Tensor& t, int dst, int tag) override {
     check_tensor(t, "send", "input");
     check_peer(dst, "send destination");
-    auto w = std::make_shared<MpiWork>("Isend", std::vector<at::Tensor>{t});
+    auto w = std::make_shared<MpiWork>("Isend", std::vector<at::Tensor>{t}, size_, timeout_s_);
     check_mpi(MPI_Isend(t.data_ptr(), to_count(t.nbytes(), "send"), MPI_BYTE, dst, tag, comm_, w->request()), "Isend");
     return w;
   }
@@ -185,7 +206,7 @@ class MpiComm : public Comm {
   WorkPtr recv(at::Tensor& t, int src, int tag) override {
     check_tensor(t, "recv", "output");
     check_peer(src, "recv source");
-    auto w = std::make_shared<MpiWork>("Irecv", std::vector<at::Tensor>{t});
+    auto w = std::make_shared<MpiWork>("Irecv", std::vector<at::Tensor>{t}, size_, timeout_s_);
     const int bytes = to_count(t.nbytes(), "recv");
     check_mpi(MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, src, tag, comm_, w->request()), "Irecv");
     w->set_finish([bytes, src](const MPI_Status& st) {
@@ -197,13 +218,17 @@ class MpiComm : public Comm {
     return w;
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "Barrier"); }
+  void barrier() override {
+    MpiWork w("Ibarrier", {}, size_, timeout_s_);
+    check_mpi(MPI_Ibarrier(comm_, w.request()), "Ibarrier");
+    w.wait();
+  }
 
   std::shared_ptr<Comm> split(int color, int key) override {
     VIDIT_CHECK(color >= 0, "split: color must be >= 0 (got ", color, ")");
     MPI_Comm sub;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
-    return std::make_shared<MpiComm>(sub, true);
+    return std::make_shared<MpiComm>(sub, true, timeout_s_);
   }
 
  private:
@@ -222,12 +247,13 @@ class MpiComm : public Comm {
 
   MPI_Comm comm_;
   bool owned_;
+  double timeout_s_;
   int rank_ = 0, size_ = 1;
 };
 
 }  // namespace
 
-std::shared_ptr<Comm> make_mpi_world_comm() {
+std::shared_ptr<Comm> make_mpi_world_comm(std::chrono::milliseconds timeout) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -235,7 +261,7 @@ std::shared_ptr<Comm> make_mpi_world_comm() {
     check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "Init_thread");
     std::atexit(finalize_at_exit);
   }
-  return std::make_shared<MpiComm>(MPI_COMM_WORLD, false);
+  return std::make_shared<MpiComm>(MPI_COMM_WORLD, false, timeout.count() / 1000.0);
 }
 
 void mpi_abort(int code) {

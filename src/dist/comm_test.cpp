@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "core/error.h"
 #include "dist/launch_env.h"
@@ -129,6 +131,33 @@ TEST(MpiWorker, Collectives) {
 TEST(Mpi, CollectivesOn2Ranks) {
   VIDIT_REQUIRE_MPI();
   test::expect_workers_passed(test::mpirun_worker(2, "MpiWorker.Collectives"), 2);
+}
+
+// Rank 1 stops (sleeps) before a collective: rank 0's wait gives up after VIDIT_COMM_TIMEOUT_S
+// with an error naming the operation, and ends the job.
+TEST(MpiWorker, HungMemberTimesOut) {
+  VIDIT_MPI_WORKER_ONLY();
+  auto c = make_world_comm(detect_launch_env());
+  at::Tensor t = at::ones({4});
+  if (c->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
+  try {
+    c->all_reduce(t, ReduceOp::Sum)->wait();
+    ADD_FAILURE() << "the all-reduce completed without rank 1";
+  } catch (const Error& e) {
+    std::printf("rank 0 gave up: %s\n", e.what());
+    std::fflush(stdout);
+  }
+  abort_world(7);
+}
+
+TEST(Mpi, HungMemberTimesOut) {
+  VIDIT_REQUIRE_MPI();
+  auto r = test::mpirun_worker(2, "MpiWorker.HungMemberTimesOut", "VIDIT_COMM_TIMEOUT_S=1.5", 60);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 gave up: MPI Iallreduce in a group of 2 processes did not complete in 1.5 s"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(r.seconds, 20) << "the job should end when rank 0 gives up, not when rank 1 wakes";
 }
 
 TEST(Mpi, CollectivesOn4Ranks) {

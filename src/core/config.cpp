@@ -235,7 +235,7 @@ Config parse_config(const std::string& text, const std::string& source,
     b.get("precision", t.precision); b.get("device", t.device); b.get("out_dir", t.out_dir); b.get("log_every", t.log_every);
     b.get("ckpt_every", t.ckpt_every); b.get("keep_checkpoints", t.keep_checkpoints);
     b.get("threads", t.threads); b.get("trace_steps", t.trace_steps);
-    b.get("recompute_blocks", t.recompute_blocks); b.get("init_from", t.init_from);
+    b.get("recompute_blocks", t.recompute_blocks); b.get("peak_tflops", t.peak_tflops); b.get("init_from", t.init_from);
     b.finish();
   }
   {
@@ -343,6 +343,7 @@ void validate_config(const Config& c) {
               ": train.precision must be \"fp32\" or \"bf16\" (got \"", t.precision, "\")");
   VIDIT_CHECK(t.ema_decay >= 0 && t.ema_decay < 1, f, ": train.ema_decay must be in [0, 1)");
   VIDIT_CHECK(t.grad_clip >= 0, f, ": train.grad_clip must be >= 0");
+  VIDIT_CHECK(t.peak_tflops >= 0, f, ": train.peak_tflops must be >= 0 (0: from the GPU's name)");
   VIDIT_CHECK(t.recompute_blocks >= -1, f, ": train.recompute_blocks must be -1 (all), 0 (none) or a block count (got ",
               t.recompute_blocks, ")");
   VIDIT_CHECK(t.trace_steps >= 0, f, ": train.trace_steps must be >= 0 (got ", t.trace_steps, ")");
@@ -420,7 +421,7 @@ std::string config_to_toml(const Config& c) {
      << "\nema_decay = " << t.ema_decay << "\nseed = " << t.seed << "\nprecision = " << s(t.precision) << "\ndevice = " << s(t.device)
      << "\nout_dir = " << s(t.out_dir) << "\nlog_every = " << t.log_every
      << "\nckpt_every = " << t.ckpt_every << "\nkeep_checkpoints = " << t.keep_checkpoints
-     << "\nthreads = " << t.threads << "\nrecompute_blocks = " << t.recompute_blocks << "\ntrace_steps = " << t.trace_steps << "\ninit_from = " << s(t.init_from);
+     << "\nthreads = " << t.threads << "\npeak_tflops = " << t.peak_tflops << "\nrecompute_blocks = " << t.recompute_blocks << "\ntrace_steps = " << t.trace_steps << "\ninit_from = " << s(t.init_from);
   const auto& sp = c.sample;
   os << "\n\n[sample]\nsteps = " << sp.steps << "\nshift = " << sp.shift
      << "\ncfg_scale = " << sp.cfg_scale << "\nseed = " << sp.seed;

@@ -96,6 +96,7 @@ struct TrainConfig {
   int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
   int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
   int64_t threads = 0;            // intra-op threads; 0 = all cores
+  double peak_tflops = 0;         // per device, for MFU; 0 = from the GPU's name (core/peak_flops.h)
   int64_t recompute_blocks = 0;   // activation checkpointing: recompute the first N blocks in
                                   // backward instead of keeping their activations; -1 = all
   int64_t trace_steps = 0;        // write a Chrome trace of this many steps (after the first) to

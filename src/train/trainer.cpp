@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/peak_flops.h"
 #include "core/trace.h"
 #include "dist/sequence_parallel.h"
 #include "model/state_dict.h"
@@ -44,6 +45,9 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     load_state_dict(*model_, read_weights(cfg.train.init_from), cfg.train.init_from);
   model_->to(device_);
   model_->recompute_blocks = cfg.train.recompute_blocks;
+  peak_tflops_ = cfg.train.peak_tflops > 0 ? cfg.train.peak_tflops
+                 : device_.is_cuda()       ? peak_tflops(cuda_device_name(std::max<int>(0, device_.index())), cfg.train.precision)
+                                           : 0;
   for (auto& item : model_->named_parameters(true)) {
     params_[item.key()] = item.value();
     param_list_.push_back(item.value());
@@ -231,6 +235,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12, r.comm_wait_s};
+      if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * (mesh_ ? mesh_->size() : 1));
       if (mesh_ && mesh_->size() > 1) find_slowest(r, m);  // collective: every rank logs the same steps
       if (logger) logger->log(m);
     }

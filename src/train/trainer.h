@@ -113,6 +113,7 @@ class Trainer {
   void find_slowest(const StepResult& r, StepMetrics& m) const;
   MicroBatch last_batch_;
   int64_t step_ = 0;
+  double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
   std::shared_ptr<const Mesh> mesh_;
   std::unique_ptr<DataParallel> dp_;  // null in a single process and under FSDP
   std::unique_ptr<FullyShardedDataParallel> fsdp_;  // parallel.shard > 1

@@ -1,5 +1,7 @@
 // The MPI communicator: CPU tensors, the non-blocking MPI collectives (MPI_Iallreduce, ...) behind
-// each Work. Copies (gather, all-to-all, broadcast, send/recv) move bytes (MPI_BYTE); reductions
+// each Work. Copies (gather, all-to-all, broadcast, send/recv) move words of the element size
+// (an unsigned integer type of 1, 2, 4 or 8 bytes, so MPI's int count reaches 2^31 elements
+// rather than 2^31 bytes); reductions
 // use the element type, with bf16/fp16 reduced in an fp32 copy. Avg is a sum divided by the size
 // when the Work completes. Every MPI call is checked (errors return, not abort) and a failure
 // names the operation and MPI's message. A wait gives up after VIDIT_COMM_TIMEOUT_S seconds
@@ -43,6 +45,20 @@ int to_count(int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
+
+// A copy of `bytes` bytes of elements of `element_size` bytes, as MPI (type, count).
+struct Words {
+  MPI_Datatype type;
+  int count;
+};
+Words words(int64_t bytes, int64_t element_size, const char* op) {
+  switch (element_size) {
+    case 2: return {MPI_UINT16_T, to_count(bytes / 2, op)};
+    case 4: return {MPI_UINT32_T, to_count(bytes / 4, op)};
+    case 8: return {MPI_UINT64_T, to_count(bytes / 8, op)};
+    default: return {MPI_BYTE, to_count(bytes, op)};
+  }
+}
 
 MPI_Datatype element_type(at::ScalarType t, const char* op) {
   switch (t) {
@@ -145,9 +161,10 @@ class MpiComm : public Comm {
     check_tensor(in, "all_gather", "input");
     check_tensor(out, "all_gather", "output");
     check_blocks(in, out, size_, "all_gather");
-    const int bytes = to_count(in.nbytes(), "all_gather");
+    const Words w_in = words(in.nbytes(), in.element_size(), "all_gather");
     auto w = std::make_shared<MpiWork>("Iallgather", std::vector<at::Tensor>{in, out}, size_, timeout_s_);
-    check_mpi(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, w->request()),
+    check_mpi(MPI_Iallgather(in.data_ptr(), w_in.count, w_in.type, out.data_ptr(), w_in.count, w_in.type, comm_,
+                             w->request()),
               "Iallgather");
     return w;
   }
@@ -179,9 +196,10 @@ class MpiComm : public Comm {
     VIDIT_CHECK(in.dim() > 0 && in.size(0) % size_ == 0, "all_to_all: dim 0 of ", in.sizes(),
                 " must split evenly over ", size_, " processes");
     VIDIT_CHECK(!in.is_same(out) && in.data_ptr() != out.data_ptr(), "all_to_all: input and output must not alias");
-    const int block = to_count(in.nbytes() / size_, "all_to_all");
+    const Words block = words(in.nbytes() / size_, in.element_size(), "all_to_all");
     auto w = std::make_shared<MpiWork>("Ialltoall", std::vector<at::Tensor>{in, out}, size_, timeout_s_);
-    check_mpi(MPI_Ialltoall(in.data_ptr(), block, MPI_BYTE, out.data_ptr(), block, MPI_BYTE, comm_, w->request()),
+    check_mpi(MPI_Ialltoall(in.data_ptr(), block.count, block.type, out.data_ptr(), block.count, block.type, comm_,
+                            w->request()),
               "Ialltoall");
     return w;
   }
@@ -190,7 +208,8 @@ class MpiComm : public Comm {
     check_tensor(t, "broadcast", "input");
     check_peer(root, "broadcast root");
     auto w = std::make_shared<MpiWork>("Ibcast", std::vector<at::Tensor>{t}, size_, timeout_s_);
-    check_mpi(MPI_Ibcast(t.data_ptr(), to_count(t.nbytes(), "broadcast"), MPI_BYTE, root, comm_, w->request()),
+    const Words all = words(t.nbytes(), t.element_size(), "broadcast");
+    check_mpi(MPI_Ibcast(t.data_ptr(), all.count, all.type, root, comm_, w->request()),
               "Ibcast");
     return w;
   }
@@ -199,7 +218,8 @@ class MpiComm : public Comm {
     check_tensor(t, "send", "input");
     check_peer(dst, "send destination");
     auto w = std::make_shared<MpiWork>("Isend", std::vector<at::Tensor>{t}, size_, timeout_s_);
-    check_mpi(MPI_Isend(t.data_ptr(), to_count(t.nbytes(), "send"), MPI_BYTE, dst, tag, comm_, w->request()), "Isend");
+    const Words all = words(t.nbytes(), t.element_size(), "send");
+    check_mpi(MPI_Isend(t.data_ptr(), all.count, all.type, dst, tag, comm_, w->request()), "Isend");
     return w;
   }
 
@@ -207,13 +227,13 @@ class MpiComm : public Comm {
     check_tensor(t, "recv", "output");
     check_peer(src, "recv source");
     auto w = std::make_shared<MpiWork>("Irecv", std::vector<at::Tensor>{t}, size_, timeout_s_);
-    const int bytes = to_count(t.nbytes(), "recv");
-    check_mpi(MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, src, tag, comm_, w->request()), "Irecv");
-    w->set_finish([bytes, src](const MPI_Status& st) {
+    const Words all = words(t.nbytes(), t.element_size(), "recv");
+    check_mpi(MPI_Irecv(t.data_ptr(), all.count, all.type, src, tag, comm_, w->request()), "Irecv");
+    w->set_finish([all, src, bytes = t.nbytes()](const MPI_Status& st) {
       int got = 0;
-      MPI_Get_count(&st, MPI_BYTE, &got);
-      VIDIT_CHECK(got == bytes, "recv from rank ", src, ": expected ", bytes, " bytes, got ", got,
-                  "; sender and receiver disagree on the tensor's shape or dtype");
+      MPI_Get_count(&st, all.type, &got);
+      VIDIT_CHECK(got == all.count, "recv from rank ", src, ": expected ", bytes, " bytes, got a message of another ",
+                  "size; sender and receiver disagree on the tensor's shape or dtype");
     });
     return w;
   }

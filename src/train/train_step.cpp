@@ -115,7 +115,7 @@ StepResult Trainer::step() {
   ++step_;
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double wait = mesh_ ? mesh_->comm_times().wait_s() - wait0 : -1;
+  const double wait = mesh_ && mesh_->size() > 1 ? mesh_->comm_times().wait_s() - wait0 : -1;
   return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait};
 }
 

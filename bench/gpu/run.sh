@@ -217,7 +217,7 @@ if [[ -x "$BUILD/bench_train_step" ]]; then
     timeout "$(cap "$bcap")" "$BUILD/bench_train_step" $bargs >"$LOGS/bench_$name.log" 2>&1; rc=$?
     cat "$LOGS/bench_$name.log" >>"$LOGS/bench.log"
     tail -n 4 "$LOGS/bench_$name.log"
-    js=$(grep -E '^\{"gflops"' "$LOGS/bench_$name.log" | tail -n 1)
+    js=$(grep -E '^\{.*"gflops"' "$LOGS/bench_$name.log" | tail -n 1)
     if ((rc == 0)) && [[ -n "$js" ]]; then
       bench_detail+=("$(echo "$js" | "$PY" -c "import json,sys; j=json.load(sys.stdin); t=j['gflops']/1e3; print(f\"$name {j['step_time_s']*1e3:.1f} ms/step, {t:.1f} TFLOP/s, MFU {100*t/$PEAK_TFLOPS:.1f}%\")")")
     else

@@ -81,8 +81,9 @@ void abort_world(int) {}
 #endif
 
 std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env, at::DeviceType device) {
-  // One process: no engine, unless VIDIT_COMM asks for one (e.g. NCCL on one GPU, to check it).
-  if (env.world == 1 && !std::getenv("VIDIT_COMM")) return make_single_comm();
+  // One process: no engine, unless a launcher started it and VIDIT_COMM asks for one (e.g. NCCL
+  // on one GPU under torchrun, to check it).
+  if (env.world == 1 && !(std::getenv("VIDIT_COMM") && env.launcher != "none")) return make_single_comm();
   std::string engine = device == at::kCUDA ? "nccl" : env.launcher == "torchrun" ? "gloo" : "mpi";
   if (const char* chosen = std::getenv("VIDIT_COMM")) engine = chosen;
   // How long a collective may wait for the slowest member before the job is ended, every engine.

@@ -2,7 +2,8 @@
 // rank the time it waited for a late peer (and not the peer); `vidit train` under mpirun with
 // train.trace_steps writes one Chrome trace per rank in which, with FSDP prefetch, the next
 // block's all-gather is in flight while the current block computes, and without it never is;
-// metrics.jsonl carries the per-step wait, and names a rank that is slower than the others.
+// metrics.jsonl carries the per-step wait, and names a rank that is slower than the others; the
+// time a step waits for its data is logged too.
 #include "dist/timed_comm.h"
 
 #include <gtest/gtest.h>
@@ -183,6 +184,35 @@ TEST(MpiWorker, SlowRankIsNamedInTheMetrics) {
   }
   world->barrier();
   if (HasFailure()) abort_world(1);
+}
+
+// One process whose data source takes 100 ms per batch: the wait is logged with each step and
+// shown on the console; a source that keeps up logs (nearly) none.
+TEST(Trainer, LogsTheTimeSpentWaitingForData) {
+  for (int delay_ms : {100, 0}) {
+    ScratchDir dir("data_wait");
+    Config cfg = test::tiny_config({"train.steps=2", "train.log_every=1", "train.out_dir=" + dir.path()});
+    std::shared_ptr<BatchSource> source =
+        std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 16, 1), cfg.train.seed);
+    if (delay_ms > 0) source = std::make_shared<SlowSource>(source, delay_ms);
+    Trainer t(cfg, source, at::zeros({cfg.model.text_len, cfg.model.text_dim}));
+    testing::internal::CaptureStdout();
+    t.fit(-1, /*console=*/true);
+    const std::string console = testing::internal::GetCapturedStdout();
+    std::ifstream metrics(dir.path() + "/metrics.jsonl");
+    std::string line;
+    int steps = 0;
+    while (std::getline(metrics, line)) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      ++steps;
+      if (delay_ms > 0)
+        EXPECT_GE(double(j.at("data_wait_s")), 0.09) << line;
+      else
+        EXPECT_LT(double(j.at("data_wait_s")), 0.05) << line;
+    }
+    EXPECT_EQ(steps, 2);
+    EXPECT_EQ(console.find("data wait ") != std::string::npos, delay_ms > 0) << console;
+  }
 }
 
 TEST(Mpi, SlowRankIsNamedInTheMetrics) {

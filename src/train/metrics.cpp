@@ -28,6 +28,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                         {"grad_norm", m.grad_norm}, {"lr", m.lr},
                         {"step_time_s", m.step_seconds}, {"samples_per_s", m.samples_per_s},
                         {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}};
+    j["data_wait_s"] = m.data_wait_s;
     if (m.mfu >= 0) j["mfu"] = m.mfu;
     if (m.comm_wait_s >= 0) j["comm_wait_s"] = m.comm_wait_s;
     if (m.slowest_rank >= 0)
@@ -52,12 +53,16 @@ void MetricsLogger::log(const StepMetrics& m) {
       std::snprintf(comm + n, sizeof comm - size_t(n), " | rank %d slow (+%.0f%%)", m.slowest_rank,
                     100.0 * (m.slowest_busy_s / m.median_busy_s - 1));
   }
+  char data[32] = "";
+  // The loader falling behind: more than 5% of the step spent waiting for the batch.
+  if (m.step_seconds > 0 && m.data_wait_s > 0.05 * m.step_seconds)
+    std::snprintf(data, sizeof data, " | data wait %.0f%%", 100.0 * m.data_wait_s / m.step_seconds);
   char mfu[32] = "";
   if (m.mfu >= 0) std::snprintf(mfu, sizeof mfu, " (MFU %.1f%%)", 100.0 * m.mfu);
-  std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step%s | %.1f samples/s"
+  std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step%s%s | %.1f samples/s"
               " | %.0f tok/s | %.4f TFLOP/s%s | ETA %s\n",
               (long long)m.step, (long long)m.total_steps, bar.c_str(), m.loss, m.grad_norm, m.lr,
-              m.step_seconds, comm, m.samples_per_s, m.tokens_per_s, m.tflops, mfu, format_duration(eta).c_str());
+              m.step_seconds, data, comm, m.samples_per_s, m.tokens_per_s, m.tflops, mfu, format_duration(eta).c_str());
   std::fflush(stdout);
 }
 

@@ -12,6 +12,7 @@ struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double loss = 0, grad_norm = 0, lr = 0, step_seconds = 0;
   double samples_per_s = 0, tokens_per_s = 0, tflops = 0;  // achieved TFLOP/s (all ranks)
+  double data_wait_s = 0;  // waiting for batches (a loader that keeps up makes this ~0)
   double mfu = -1;  // tflops over the devices' peak (-1: peak unknown, e.g. on the CPU)
   double comm_wait_s = -1;  // distributed: this rank's time blocked in collectives (-1: one process)
   // Distributed: the rank that computed longest this step (step time minus time blocked in

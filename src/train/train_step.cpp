@@ -21,7 +21,7 @@ StepResult Trainer::step() {
   const double lr = learning_rate(step_, tc.steps, tc.lr, tc.warmup_steps, tc.schedule, tc.min_lr_ratio);
 
   for (auto& p : param_list_) p.mutable_grad() = at::Tensor();
-  double loss_sum = 0, flops = 0;
+  double loss_sum = 0, flops = 0, data_wait = 0;
   int64_t samples = 0, tokens = 0;
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     // Data: clean latents x0 and text embeddings for this micro-batch. One process replaces a
@@ -33,10 +33,12 @@ StepResult Trainer::step() {
     double share = 1;
     {
       trace::Span span("data", "step");
+      const auto d0 = std::chrono::steady_clock::now();
       do {
         mb = data_->next(tc.batch_size);
         share = mesh_ ? batch_share(mb) : 1;
       } while (mesh_ ? share < 0 : mb.latents.size(0) == 0);
+      data_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
     }
     at::Tensor x0 = mb.latents.to(at::kFloat);
     const int64_t B = x0.size(0);
@@ -116,7 +118,7 @@ StepResult Trainer::step() {
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double wait = mesh_ && mesh_->size() > 1 ? mesh_->comm_times().wait_s() - wait0 : -1;
-  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait};
+  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait};
 }
 
 }  // namespace vidit

@@ -49,6 +49,7 @@ struct StepResult {
   double lr = 0;
   double seconds = 0;
   double comm_wait_s = -1;  // distributed: time this rank was blocked in collectives (-1: one process)
+  double data_wait_s = 0;   // time spent waiting for the data source's batches
 };
 
 class Trainer {

@@ -86,18 +86,12 @@ TEST(MpiWorker, NcclCollectivesOnOneGpu) {
 }
 
 TEST(Torchrun, NcclCollectivesOnOneGpu) {
-  if (!have_c10d_engine("nccl")) GTEST_SKIP() << "built without NCCL (needs a CUDA torch)";
+  std::string why;
+  if (test::torchrun_launcher(&why, "nccl").empty()) GTEST_SKIP() << why;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible";
-#ifdef VIDIT_PYTHON
-  const std::string py = VIDIT_PYTHON;
-#else
-  const std::string py = "python3";
-#endif
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  auto r = test::run_process("env VIDIT_MPI_WORKER=1 VIDIT_COMM=nccl VIDIT_COMM_TIMEOUT_S=60 timeout -k 5 120 " + py +
-                             " -m torch.distributed.run --standalone --nproc-per-node=1 --no-python " + self +
-                             " --gtest_color=no --gtest_filter=MpiWorker.NcclCollectivesOnOneGpu");
-  test::expect_workers_passed(r, 1);
+  test::expect_workers_passed(test::torchrun_worker(1, "MpiWorker.NcclCollectivesOnOneGpu",
+                                                    "VIDIT_COMM=nccl VIDIT_COMM_TIMEOUT_S=60", 120, "nccl"),
+                              1);
 }
 
 // The README's torchrun command: data parallel over 2 gives the single-process final loss.

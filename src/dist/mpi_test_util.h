@@ -74,15 +74,16 @@ inline ProcessResult mpirun_worker(int np, const std::string& test, const std::s
 }
 
 // torchrun (python3 -m torch.distributed.run, from the torch this build uses), or "" (with the
-// reason in *why) when it or the gloo engine is missing.
-inline std::string torchrun_launcher(std::string* why) {
+// reason in *why) when it or the `engine` the launch will use is missing.
+inline std::string torchrun_launcher(std::string* why, const std::string& engine = "gloo") {
 #ifdef VIDIT_PYTHON
   const std::string py = VIDIT_PYTHON;
 #else
   const std::string py = "python3";
 #endif
-  if (!have_c10d_engine("gloo")) {
-    *why = "built without the gloo engine (install libgloo-dev and reconfigure)";
+  if (!have_c10d_engine(engine)) {
+    *why = "built without the " + engine + " engine (" +
+           (engine == "nccl" ? "it needs a CUDA torch" : "install libgloo-dev and reconfigure") + ")";
     return "";
   }
   if (run_process(py + " -c 'import torch.distributed.run'").status != 0) {
@@ -94,17 +95,19 @@ inline std::string torchrun_launcher(std::string* why) {
 
 // `np` processes of `command` started by torchrun on this machine (--standalone: it picks the
 // rendezvous port), killed after `limit_s` seconds (then status 124).
-inline ProcessResult torchrun(int np, const std::string& command, int limit_s = 120) {
-  std::string why, exe = torchrun_launcher(&why);
+inline ProcessResult torchrun(int np, const std::string& command, int limit_s = 120,
+                              const std::string& engine = "gloo") {
+  std::string why, exe = torchrun_launcher(&why, engine);
   return run_process("env VIDIT_MPI_WORKER=1 OMP_NUM_THREADS=1 timeout -k 5 " + std::to_string(limit_s) + " " + exe +
                      " --standalone --nproc-per-node=" + std::to_string(np) + " --no-python " + command);
 }
 
 // This test binary running one worker test under torchrun.
-inline ProcessResult torchrun_worker(int np, const std::string& test, const std::string& env = "", int limit_s = 120) {
+inline ProcessResult torchrun_worker(int np, const std::string& test, const std::string& env = "", int limit_s = 120,
+                                     const std::string& engine = "gloo") {
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   return torchrun(np, (env.empty() ? "" : "env " + env + " ") + self + " --gtest_color=no --gtest_filter=" + test,
-                  limit_s);
+                  limit_s, engine);
 }
 
 // `vidit train` arguments for 4 steps of the tiny model (tests/test_util.h), ending with

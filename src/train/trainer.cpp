@@ -140,24 +140,23 @@ void Trainer::load(const std::string& dir) {
     }
     ema_->set_updates(meta.ema_updates);
   }
-  CheckpointState s;
-  for (const std::string& key : ckpt.keys("optimizer")) s.optimizer[key] = mine("optimizer", key);
-  s.step = meta.step, s.sampler = meta.sampler;
-  opt_->load_state(s.optimizer, dir + "/optimizer.safetensors");
-  auto rng = s.optimizer.find("rng/train");
-  VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
+  TensorMap optimizer;
+  for (const std::string& key : ckpt.keys("optimizer")) optimizer[key] = mine("optimizer", key);
+  opt_->load_state(optimizer, dir + "/optimizer.safetensors");
+  auto rng = optimizer.find("rng/train");
+  VIDIT_CHECK(rng != optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
   const int dp_rank = mesh_ ? mesh_->coord("dp") : 0;
   if (data_->slices_global_batch() || dp_rank == 0) {
     gen_.set_state(rng->second);  // one stream for all ranks, or rank 0's own
   } else {
-    auto own = s.optimizer.find("rng/train.dp" + std::to_string(dp_rank));
-    if (own != s.optimizer.end())
+    auto own = optimizer.find("rng/train.dp" + std::to_string(dp_rank));
+    if (own != optimizer.end())
       gen_.set_state(own->second);
     else  // a rank the saving run did not have: a stream of its own from (seed, rank, step)
-      gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, mesh_.get()) + 7919ull * uint64_t(s.step));
+      gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, mesh_.get()) + 7919ull * uint64_t(meta.step));
   }
-  data_->set_state(s.sampler);
-  step_ = s.step;
+  data_->set_state(meta.sampler);
+  step_ = meta.step;
 }
 
 double Trainer::sample_flops(const at::Tensor& x) {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/video_decoder.h"
+#include "video/video_decoder.h"
 
 using namespace vidit;
 namespace fs = std::filesystem;

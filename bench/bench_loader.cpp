@@ -21,8 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
-#include "data/cache_loader.h"
-#include "data/latent_cache.h"
+#include "loader/cache_loader.h"
+#include "loader/latent_cache.h"
 
 using namespace vidit;
 namespace fs = std::filesystem;

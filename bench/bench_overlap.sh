@@ -2,7 +2,7 @@
 # Does FSDP's prefetch hide the all-gathers? Trains the same model with parameters sharded over 2
 # processes, with parallel.prefetch on and off, on both CPU engines (MPI under mpirun, gloo under
 # torchrun), in one run, and prints per engine the median step time and the median time rank 0
-# was blocked in collectives per step (bench_train_step; dist/timed_comm.h), with the ratios
+# was blocked in collectives per step (bench_train_step; parallel/timed_comm.h), with the ratios
 # prefetch-on / prefetch-off.
 # The model is sized so that a block's all-gather (about 17 MB) is comparable to its compute
 # (64 tokens per sample, one thread per rank).

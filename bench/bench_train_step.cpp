@@ -6,7 +6,7 @@
 //                    [--profile FILE] (chrome trace of the timed steps; bench/profile_summary.py
 //                                      totals it by op)
 // Under mpirun or torchrun it trains on the mesh of the config's [parallel] section and also
-// reports the median time rank 0 was blocked in collectives per step (dist/timed_comm.h): the
+// reports the median time rank 0 was blocked in collectives per step (parallel/timed_comm.h): the
 // communication compute did not hide (bench/bench_overlap.sh compares FSDP prefetch on / off).
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
@@ -23,10 +23,10 @@
 #include "core/error.h"
 #include "core/malloc_tuning.h"
 #include "core/safetensors.h"
-#include "data/dataset.h"
-#include "dist/comm.h"
-#include "dist/launch_env.h"
-#include "dist/mesh.h"
+#include "loader/dataset.h"
+#include "parallel/comm.h"
+#include "parallel/launch_env.h"
+#include "parallel/mesh.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/trainer.h"

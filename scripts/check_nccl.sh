@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile-checks the code that only a CUDA build of torch compiles: the NCCL engine
-# (src/dist/comm_c10d.cpp with USE_C10D_NCCL) and the CUDA host code (src/kernels/*_cuda.cpp),
+# (src/parallel/comm_c10d.cpp with USE_C10D_NCCL) and the CUDA host code (src/kernels/*_cuda.cpp),
 # on a machine with the CPU torch and no GPU. scripts/fetch_cuda_headers.py fetches the
 # headers of the CUDA torch wheel of the same version that differ from the installed ones, and
 # the nccl / cudart / cublas / ... headers, from PyPI (about 70 MB read, cached under
@@ -38,12 +38,12 @@ fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # One compile command per file, from comm_c10d.cpp's entry: launcher, -o and -c dropped.
-"$PY" - "$DB" "$HDR" "$TMP/cmds" src/dist/comm_c10d.cpp src/kernels/*_cuda.cpp <<'EOF'
+"$PY" - "$DB" "$HDR" "$TMP/cmds" src/parallel/comm_c10d.cpp src/kernels/*_cuda.cpp <<'EOF'
 import json, os, shlex, sys
 db, hdr, out, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-entry = next((e for e in json.load(open(db)) if e["file"].endswith("src/dist/comm_c10d.cpp")), None)
+entry = next((e for e in json.load(open(db)) if e["file"].endswith("src/parallel/comm_c10d.cpp")), None)
 if entry is None:
-    sys.exit("check_nccl: src/dist/comm_c10d.cpp is not in " + db)
+    sys.exit("check_nccl: src/parallel/comm_c10d.cpp is not in " + db)
 args = shlex.split(entry["command"]) if "command" in entry else entry["arguments"]
 if os.path.basename(args[0]).startswith("ccache"):
     args = args[1:]

@@ -10,20 +10,20 @@
 #include "core/error.h"
 #include "core/malloc_tuning.h"
 #include "core/safetensors.h"
-#include "data/cache_loader.h"
-#include "data/dataset.h"
-#include "data/frame_encoder.h"
-#include "data/latent_cache.h"
-#include "data/prepare.h"
-#include "data/video_decoder.h"
+#include "loader/cache_loader.h"
+#include "loader/dataset.h"
+#include "prepare/frame_encoder.h"
+#include "loader/latent_cache.h"
+#include "prepare/prepare.h"
+#include "video/video_decoder.h"
 #include "demo/demo.h"
-#include "demo/caption_embedder.h"
-#include "demo/demo_codec.h"
+#include "prepare/caption_embedder.h"
+#include "prepare/demo_codec.h"
 #include "demo/demo_data.h"
-#include "dist/comm.h"
-#include "dist/launch_env.h"
-#include "dist/mesh.h"
-#include "dist/plan.h"
+#include "parallel/comm.h"
+#include "parallel/launch_env.h"
+#include "parallel/mesh.h"
+#include "parallel/plan.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
@@ -111,8 +111,7 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
     data = std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed),
                                               cfg.train.seed, dp_rank, dp);
   }
-  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), device,
-                  env.world > 1 ? mesh : nullptr);
+  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), device, mesh);
   if (resume) {
     const bool found = trainer.resume();
     if (lead && found) std::printf("resumed from step %lld\n", (long long)trainer.steps_done());
@@ -195,17 +194,14 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
 int cmd_demo(const CommonOpts& o, bool resume) {
   Config cfg = load_config(o.config, o.sets);
   const LaunchEnv env = detect_launch_env();
-  std::shared_ptr<Mesh> mesh;
-  if (env.world > 1) {
-    // `mpirun -np N vidit demo` with no [parallel] degrees: plain data parallel over the N.
-    const auto& p = cfg.parallel;
-    if (p.replicate * p.shard * p.ulysses * p.ring * p.tensor == 1) cfg.parallel.replicate = env.world;
-    validate_mesh(cfg, env.world);
-    mesh = std::make_shared<Mesh>(cfg, make_world_comm(env));
-  }
-  if (!mesh || mesh->rank() == 0) {
+  // `mpirun -np N vidit demo` with no [parallel] degrees: plain data parallel over the N.
+  const auto& p = cfg.parallel;
+  if (p.replicate * p.shard * p.ulysses * p.ring * p.tensor == 1) cfg.parallel.replicate = env.world;
+  validate_mesh(cfg, env.world);
+  auto mesh = std::make_shared<Mesh>(cfg, make_world_comm(env));
+  if (mesh->rank() == 0) {
     std::printf("vidit demo: %s\n", format_info(cfg, model_info(cfg)).c_str());
-    if (mesh)
+    if (mesh->size() > 1)
       std::printf("distributed: %d processes, data parallel over %d (parameters sharded over %d), tokens split over "
                   "%d, heads split over %d\n",
                   env.world, mesh->degree("dp"), mesh->degree("shard"), mesh->degree("sp"), mesh->degree("tensor"));

@@ -54,7 +54,7 @@ struct DataConfig {
   int64_t prefetch = 4;              // batches prepared ahead
 };
 
-// Bucket shapes (see src/data/buckets.h): resolution tiers x aspect ratios x frame counts, in
+// Bucket shapes (see src/prepare/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
 // 6 frames, demo codec); configs/wan2.1-*.toml show buckets for real data.
 struct BucketConfig {
@@ -123,9 +123,9 @@ struct DemoConfig {
   double colourless_captions = 0; // fraction of training clips captioned without their colour
 };
 
-// How the processes of a run are arranged (src/dist/mesh.h): a mesh of degrees replicate x shard x
+// How the processes of a run are arranged (src/parallel/mesh.h): a mesh of degrees replicate x shard x
 // tensor x ulysses x ring whose product is the number of processes. The data-parallel degree is
-// replicate x shard; shard > 1 shards parameters, gradients and optimizer state (FSDP, dist/fsdp.h),
+// replicate x shard; shard > 1 shards parameters, gradients and optimizer state (FSDP, parallel/fsdp.h),
 // and with replicate > 1 as well that is HSDP.
 struct ParallelConfig {
   int64_t replicate = 1;  // data-parallel replicas (DDP / the replicate dim of HSDP)

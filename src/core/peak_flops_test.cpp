@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../tests/test_util.h"
-#include "data/dataset.h"
+#include "loader/dataset.h"
 #include "train/trainer.h"
 
 namespace vidit {

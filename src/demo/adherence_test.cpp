@@ -8,10 +8,10 @@
 
 #include "../../tests/test_util.h"
 #include "core/error.h"
-#include "data/video_decoder.h"
-#include "data/video_test_util.h"
-#include "demo/caption_embedder.h"
-#include "demo/demo_codec.h"
+#include "video/video_decoder.h"
+#include "video/video_test_util.h"
+#include "prepare/caption_embedder.h"
+#include "prepare/demo_codec.h"
 #include "demo/demo_data.h"
 #include "demo/shapes.h"
 

@@ -10,15 +10,15 @@
 
 #include "core/error.h"
 #include "core/plot.h"
-#include "data/video_decoder.h"
+#include "video/video_decoder.h"
 #include "demo/adherence.h"
-#include "demo/caption_embedder.h"
-#include "demo/demo_codec.h"
+#include "prepare/caption_embedder.h"
+#include "prepare/demo_codec.h"
 #include "demo/demo_data.h"
 #include "demo/shapes.h"
 #include "diffusion/sampler.h"
 #include "model/state_dict.h"
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 #include "train/trainer.h"
 
 namespace vidit::demo {
@@ -102,10 +102,11 @@ DiT sampling_model(Trainer& trainer, const Config& cfg) {
 
 DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> mesh) {
   namespace fs = std::filesystem;
+  if (!mesh) mesh = std::make_shared<Mesh>(cfg, make_single_comm());  // this process alone
   const auto t_start = std::chrono::steady_clock::now();
   const std::string out = cfg.train.out_dir;
   // Under mpirun every rank trains; rank 0 prints, samples and checks.
-  const bool lead = !mesh || mesh->rank() == 0;
+  const bool lead = mesh->rank() == 0;
   fs::create_directories(out);
   DemoReport report;
 
@@ -115,7 +116,7 @@ DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> 
   std::fflush(stdout);
   // Each rank renders the (deterministic) videos into its own folder and reads its share.
   DemoData data = prepare_demo_data(cfg, lead ? out : out + "/rank" + std::to_string(mesh->rank()),
-                                    mesh ? mesh->coord("dp") : 0, mesh ? mesh->degree("dp") : 1);
+                                    mesh->coord("dp"), mesh->degree("dp"));
   if (lead) {
     std::printf("[demo] 2/4 decoded with FFmpeg, bucketed, encoded (demo codec, block %lld) into %s: %lld samples, "
                 "%lld rejected\n", (long long)cfg.demo.codec_block, data.cache_dir.c_str(),
@@ -123,7 +124,7 @@ DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> 
     for (const auto& [bucket, n] : data.report.per_bucket)
       std::printf("[demo]     bucket %-10s %4lld clips\n", bucket.c_str(), (long long)n);
     std::printf("[demo]     loader: %lld tokens per batch%s\n", (long long)data.loader->token_budget(),
-                mesh ? " per data-parallel rank" : "");
+                mesh->size() > 1 ? " per data-parallel rank" : "");
     std::printf("[demo] 3/4 training the DiT (%lld steps)\n", (long long)cfg.train.steps);
   }
   std::fflush(stdout);
@@ -162,10 +163,8 @@ DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> 
   // The mirrored pairs seen in training, for comparison: a gap between the two is a failure to
   // generalise, not to fit.
   auto [seen_ok, seen_n] = check_prompts(model, cfg, false, "");
-  if (mesh) {
-    at::Tensor result = at::tensor({int64_t(report.correct), int64_t(report.total)}, at::kLong);
-    mesh->world()->broadcast(result, 0)->wait();
-  }
+  at::Tensor result = at::tensor({int64_t(report.correct), int64_t(report.total)}, at::kLong);
+  mesh->world()->broadcast(result, 0)->wait();
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::printf("[demo] prompt adherence on held-out prompts: %d/%d = %.1f%% (target >= 90%%)\n", report.correct,
               report.total, 100.0 * report.adherence());

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 #include "model/dit.h"
 
 namespace vidit::demo {

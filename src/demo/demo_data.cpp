@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/buckets.h"
-#include "data/frame_encoder.h"
-#include "data/latent_cache.h"
-#include "data/video_decoder.h"
+#include "prepare/buckets.h"
+#include "prepare/frame_encoder.h"
+#include "loader/latent_cache.h"
+#include "video/video_decoder.h"
 #include "demo/shapes.h"
 
 namespace vidit::demo {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "data/cache_loader.h"
-#include "data/prepare.h"
+#include "loader/cache_loader.h"
+#include "prepare/prepare.h"
 
 namespace vidit::demo {
 

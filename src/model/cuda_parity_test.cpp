@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "../../tests/test_util.h"
-#include "data/dataset.h"
+#include "loader/dataset.h"
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "core/precision.h"

@@ -51,7 +51,7 @@ struct HeadImpl : torch::nn::Module {
 TORCH_MODULE(Head);
 
 // How a run that splits each sample's tokens over processes plugs into the model
-// (dist/sequence_parallel.h); the model only calls these. scatter(t, dim) keeps this process's
+// (parallel/sequence_parallel.h); the model only calls these. scatter(t, dim) keeps this process's
 // part of the token axis `dim` of t (the tokens after the patch embedding, and the RoPE tables);
 // gather(t) reassembles the whole token axis (dim 1) of the head's output before unpatchify.
 struct TokenSplit {
@@ -60,7 +60,7 @@ struct TokenSplit {
 };
 
 // Called around the forward pass and each block (e.g. to gather sharded parameters just before
-// they are used, dist/fsdp.h); the model only calls them. block_end may wrap the block's output
+// they are used, parallel/fsdp.h); the model only calls them. block_end may wrap the block's output
 // (to hook its backward) and returns what the next block reads.
 struct ForwardHooks {
   std::function<void()> model_begin;

@@ -31,7 +31,7 @@ at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, cons
                               double eps);
 
 // How a run that splits each layer's features (attention heads, MLP hidden units) over
-// processes plugs into the model (dist/tensor_parallel.h); the model only calls these, and in
+// processes plugs into the model (parallel/tensor_parallel.h); the model only calls these, and in
 // one process none is set. Projections into split features (q, k, v, the first MLP layer) hold
 // only this process's output rows; projections out of them (o, the second MLP layer) hold only
 // its input columns.
@@ -52,7 +52,7 @@ struct FeatureSplit {
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Any function with attention()'s contract. A run that splits tokens over processes replaces
-// the self-attention's with one that exchanges them (dist/sequence_parallel.h).
+// the self-attention's with one that exchanges them (parallel/sequence_parallel.h).
 using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
 // Self-attention with QK RMSNorm (over the full dim) and 3D RoPE.

@@ -17,7 +17,7 @@ class AdamW {
  public:
   // `params`: name -> live parameter (requires grad). Order of updates is the map's order.
   // `decay_reference`, when given, holds the whole parameter for each name whose weight-decay
-  // decision no_decay() should make (the params being shards of them, dist/fsdp.h).
+  // decision no_decay() should make (the params being shards of them, parallel/fsdp.h).
   AdamW(const TensorMap& params, AdamWOptions opt, const TensorMap& decay_reference = {});
   // One update at learning rate `lr` using each parameter's .grad() (skipped when undefined).
   void step(double lr);

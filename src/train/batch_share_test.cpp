@@ -8,8 +8,8 @@
 #include <cstdlib>
 
 #include "../../tests/test_util.h"
-#include "data/batch_source.h"
-#include "dist/mpi_test_util.h"
+#include "loader/batch_source.h"
+#include "parallel/mpi_test_util.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -74,7 +74,7 @@ TEST(MpiWorker, UnevenBatchesTrainLikeOneProcess) {
     one.train.out_dir = dir + "/single";
     Trainer single(one, std::make_shared<UnevenSlices>(data, std::vector<int64_t>{sizes[0] + sizes[1]}, 0), null_text);
     expect_losses(losses, single.fit(-1, false));
-    expect_params(load_checkpoint(*latest_checkpoint(dir + "/dp")).model, state_dict(*single.model()));
+    expect_params(load_checkpoint(*latest_checkpoint(dir + "/dp")).model, state_dict(*single.model()), cfg.train.lr);
   }
   world->barrier();
   if (HasFailure()) abort_world(1);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,15 +21,55 @@ std::string step_name(int64_t step) {
   return name;
 }
 
-// The file of shard `index` of `count`, of tensor-parallel part `t` of `parts` (parts > 1).
-std::string part_name(const char* what, int64_t index, int64_t count, int64_t t = 0, int64_t parts = 1) {
+// The file of part `index` of `count` (one part: the plain name).
+std::string part_name(const std::string& what, int64_t index, int64_t count) {
+  if (count <= 1) return what + ".safetensors";
   char name[128];
-  if (parts > 1)
-    std::snprintf(name, sizeof name, "%s.tp-%05lld-of-%05lld.shard-%05lld-of-%05lld.safetensors", what, (long long)t,
-                  (long long)parts, (long long)index, (long long)count);
-  else
-    std::snprintf(name, sizeof name, "%s.shard-%05lld-of-%05lld.safetensors", what, (long long)index, (long long)count);
+  std::snprintf(name, sizeof name, "%s.part-%05lld-of-%05lld.safetensors", what.c_str(), (long long)index,
+                (long long)count);
   return name;
+}
+
+// The first format's names: FSDP shard k of S, of tensor-parallel part t of T (T > 1).
+std::string v1_part_name(const std::string& what, int64_t k, int64_t S, int64_t t, int64_t T) {
+  char name[128];
+  if (T > 1)
+    std::snprintf(name, sizeof name, "%s.tp-%05lld-of-%05lld.shard-%05lld-of-%05lld.safetensors", what.c_str(),
+                  (long long)t, (long long)T, (long long)k, (long long)S);
+  else
+    std::snprintf(name, sizeof name, "%s.shard-%05lld-of-%05lld.safetensors", what.c_str(), (long long)k, (long long)S);
+  return name;
+}
+
+nlohmann::json layout_json(const Layout& l) {
+  nlohmann::json cuts = nlohmann::json::array();
+  for (const Cut& c : l.cuts) {
+    nlohmann::json j = {{"over", c.over}, {"degree", c.degree}};
+    if (c.kind == Cut::Kind::Split)
+      j["split_dim"] = c.dim;
+    else
+      j["flat"] = true;
+    cuts.push_back(j);
+  }
+  return {{"shape", l.shape}, {"cuts", cuts}};
+}
+
+Layout layout_from_json(const nlohmann::json& j) {
+  Layout l;
+  l.shape = j.at("shape").get<std::vector<int64_t>>();
+  for (const auto& c : j.at("cuts")) {
+    Cut cut;
+    cut.over = c.at("over").get<std::string>();
+    cut.degree = c.at("degree").get<int>();
+    if (c.contains("split_dim")) {
+      cut.kind = Cut::Kind::Split;
+      cut.dim = c.at("split_dim").get<int>();
+    } else {
+      cut.kind = Cut::Kind::Flat;
+    }
+    l.cuts.push_back(cut);
+  }
+  return l;
 }
 
 }  // namespace
@@ -45,14 +86,11 @@ std::string begin_checkpoint(const std::string& out_dir, int64_t step) {
   return tmp.string();
 }
 
-void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& s, int64_t index, int64_t tensor_index) {
+void write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& s, bool has_ema) {
   fs::path tmp(tmp_dir);
-  auto name = [&](const char* what) {
-    return (tmp / (s.shards > 0 ? part_name(what, index, s.shards, tensor_index, s.tensor)
-                                : std::string(what) + ".safetensors")).string();
-  };
+  auto name = [&](const char* what) { return (tmp / part_name(what, s.part.index, s.part.count())).string(); };
   save_safetensors(name("model"), s.model);
-  if (!s.ema.empty()) save_safetensors(name("ema"), s.ema);
+  if (has_ema) save_safetensors(name("ema"), s.ema);
   save_safetensors(name("optimizer"), s.optimizer);
 }
 
@@ -60,14 +98,16 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
   fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = step_name(s.step);
   fs::path final_dir = root / name, tmp = root / (name + ".tmp");
-  nlohmann::json meta = {{"format", "vidit-checkpoint-1"},
+  nlohmann::json meta = {{"format", "vidit-checkpoint-2"},
                          {"step", s.step},
                          {"ema_updates", s.ema_updates},
                          {"sampler", {{"seed", s.sampler.seed}, {"epoch", s.sampler.epoch},
                                       {"position", s.sampler.position}}},
                          {"config", s.config_toml}};
-  if (s.shards > 0) meta["shards"] = {{"count", s.shards}, {"shapes", s.shapes}};
-  if (s.tensor > 1) meta["tensor"] = {{"count", s.tensor}, {"split", s.split}};
+  nlohmann::json layouts = nlohmann::json::object();
+  for (const auto& [name, l] : s.layouts) layouts[name] = layout_json(l);
+  meta["layouts"] = layouts;
+  meta["parts"] = {{"dims", s.part.dims}, {"degrees", s.part.degrees}};
   write_file_atomic((tmp / "meta.json").string(), meta.dump(2));
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
@@ -87,7 +127,8 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
 }
 
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
-  write_checkpoint_shard(begin_checkpoint(out_dir, s.step), s, 0);
+  VIDIT_CHECK(s.part.count() == 1, "save_checkpoint writes states of one part");
+  write_checkpoint_part(begin_checkpoint(out_dir, s.step), s, !s.ema.empty());
   return commit_checkpoint(out_dir, s, keep);
 }
 
@@ -113,8 +154,11 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   CheckpointState& s = meta_;
   std::ifstream in(d / "meta.json");
   VIDIT_CHECK(in, "checkpoint '", dir, "' has no meta.json: it is incomplete or not a checkpoint");
-  nlohmann::json meta;
+  // Each kind's files by part index.
+  std::function<std::string(const std::string&, int64_t)> file_of;
+  int64_t count = 1;
   try {
+    nlohmann::json meta;
     in >> meta;
     s.step = meta.at("step").get<int64_t>();
     s.ema_updates = meta.at("ema_updates").get<int64_t>();
@@ -122,32 +166,47 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
     s.sampler.epoch = meta.at("sampler").at("epoch").get<int64_t>();
     s.sampler.position = meta.at("sampler").at("position").get<int64_t>();
     s.config_toml = meta.at("config").get<std::string>();
-    if (meta.contains("shards")) {
-      s.shards = meta.at("shards").at("count").get<int64_t>();
-      s.shapes = meta.at("shards").at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
-    }
-    if (meta.contains("tensor")) {
-      s.tensor = meta.at("tensor").at("count").get<int64_t>();
-      s.split = meta.at("tensor").at("split").get<std::map<std::string, int>>();
+    if (meta.contains("layouts")) {
+      for (const auto& [name, l] : meta.at("layouts").items()) s.layouts[name] = layout_from_json(l);
+      s.part.dims = meta.at("parts").at("dims").get<std::vector<std::string>>();
+      s.part.degrees = meta.at("parts").at("degrees").get<std::vector<int>>();
+      count = s.part.count();
+      file_of = [count](const std::string& what, int64_t i) { return part_name(what, i, count); };
+    } else if (meta.contains("shards")) {
+      // The first format: FSDP shards (and tensor-parallel parts) recorded as shapes of the
+      // parts and split dims; as layouts, Split over "tensor" then Flat over "shard".
+      const int S = meta.at("shards").at("count").get<int>();
+      const int T = meta.contains("tensor") ? meta.at("tensor").at("count").get<int>() : 1;
+      const auto shapes = meta.at("shards").at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
+      const auto split = meta.contains("tensor") ? meta.at("tensor").at("split").get<std::map<std::string, int>>()
+                                                 : std::map<std::string, int>{};
+      for (const auto& [name, shape] : shapes) {
+        Layout l{shape, {}};
+        auto it = split.find(name);
+        if (T > 1 && it != split.end()) {
+          l.shape[size_t(it->second)] *= T;
+          l.cuts.push_back(Cut{Cut::Kind::Split, "tensor", it->second, T});
+        }
+        l.cuts.push_back(Cut{Cut::Kind::Flat, "shard", 0, S});
+        s.layouts[name] = l;
+      }
+      s.part.dims = {"tensor", "shard"};
+      s.part.degrees = {T, S};
+      count = s.part.count();
+      file_of = [S, T](const std::string& what, int64_t i) { return v1_part_name(what, i % S, S, i / S, T); };
+    } else {
+      file_of = [](const std::string& what, int64_t) { return what + ".safetensors"; };
     }
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
   }
-  const int64_t T = std::max<int64_t>(s.tensor, 1);
   for (const char* what : {"model", "ema", "optimizer"}) {
-    // Whole tensors in one file, or parts: file t * shards + k.
-    std::vector<fs::path> files;
-    if (s.shards == 0) {
-      files.push_back(d / (std::string(what) + ".safetensors"));
-    } else {
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t k = 0; k < s.shards; ++k) files.push_back(d / part_name(what, k, s.shards, t, T));
-    }
-    if (std::string(what) == "ema" && !fs::exists(files[0])) continue;  // saved without EMA
+    if (std::string(what) == "ema" && !fs::exists(d / file_of(what, 0))) continue;  // saved without EMA
     std::vector<Part>& parts = parts_[what];
-    for (const fs::path& f : files) {
+    for (int64_t i = 0; i < count; ++i) {
+      const fs::path f = d / file_of(what, i);
       VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(),
-                  files.size() > 1 ? " (" + std::to_string(files.size()) + " parts expected)" : std::string(),
+                  count > 1 ? " (" + std::to_string(count) + " parts expected)" : std::string(),
                   ": it was not saved completely");
       Part p;
       p.file = std::make_unique<MappedFile>(f.string(), "checkpoint file");
@@ -169,56 +228,53 @@ const std::vector<CheckpointReader::Part>& CheckpointReader::parts(const std::st
 
 std::vector<std::string> CheckpointReader::keys(const std::string& what) const {
   std::vector<std::string> out;
-  for (const auto& [key, t] : parts(what)[0].tensors) out.push_back(key);
+  for (const auto& [key, t] : parts(what)[0].tensors) out.push_back(key);  // part 0 holds every key
   return out;
 }
 
-// A key names a parameter, possibly behind a prefix ("exp_avg/<name>"), or nothing ("").
-std::string CheckpointReader::param_of(const std::string& key) const {
-  if (meta_.shapes.count(key)) return key;
-  const size_t slash = key.find('/');
-  if (slash != std::string::npos && meta_.shapes.count(key.substr(slash + 1))) return key.substr(slash + 1);
-  return "";
-}
-
-// Sharded: each tensor-parallel part is put together from its FSDP chunks (in the shape recorded
-// for it), then the parts are concatenated along their split dimension. Keys that name no
-// parameter (the step count, the RNG states) are taken from the first part.
+// A cut tensor is put together from its pieces: the piece at coordinates c (over its cuts, in
+// row-major order) is in the part with c on those dimensions and 0 on the others.
 at::Tensor CheckpointReader::whole(const std::string& what, const std::string& key) const {
   const std::vector<Part>& ps = parts(what);
-  auto first = ps[0].tensors.find(key);
-  VIDIT_CHECK(first != ps[0].tensors.end(), "checkpoint '", dir_, "': ", what, " has no '", key, "'");
-  const std::string name = meta_.shards > 0 ? param_of(key) : "";
-  if (name.empty()) return first->second.clone();
-  const std::vector<int64_t>& shape = meta_.shapes.at(name);
-  int64_t numel = 1;
-  for (int64_t n : shape) numel *= n;
-  const int64_t T = std::max<int64_t>(meta_.tensor, 1), S = meta_.shards;
-  std::vector<at::Tensor> pieces;
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<at::Tensor> chunks;
-    for (int64_t k = 0; k < S; ++k) {
-      const TensorMap& p = ps[size_t(t * S + k)].tensors;
-      auto it = p.find(key);
-      VIDIT_CHECK(it != p.end(), "checkpoint '", dir_, "': a part of ", what, " lacks '", key, "'");
-      chunks.push_back(it->second.flatten());
+  const std::string name = state_param(key, meta_.layouts);
+  auto lookup = [&](size_t part) {
+    const TensorMap& p = ps.at(part).tensors;
+    auto it = p.find(key);
+    VIDIT_CHECK(it != p.end(), "checkpoint '", dir_, "': part ", part, " of ", what, " lacks '", key, "'");
+    return it->second;
+  };
+  if (name.empty() || meta_.layouts.at(name).cuts.empty()) return lookup(0).clone();
+  const Layout& l = meta_.layouts.at(name);
+  int64_t pieces = 1;
+  for (const Cut& c : l.cuts) pieces *= c.degree;
+  std::vector<at::Tensor> parts;
+  for (int64_t p = 0; p < pieces; ++p) {
+    // Coordinates of piece p over the cuts, then the part index over the parts' dimensions.
+    std::map<std::string, int> coord;
+    int64_t rest = p;
+    for (size_t i = l.cuts.size(); i-- > 0;) coord[l.cuts[i].over] = int(rest % l.cuts[i].degree), rest /= l.cuts[i].degree;
+    int64_t index = 0;
+    for (size_t i = 0; i < meta_.part.dims.size(); ++i) {
+      auto it = coord.find(meta_.part.dims[i]);
+      index = index * meta_.part.degrees[i] + (it == coord.end() ? 0 : it->second);
     }
-    at::Tensor flat = at::cat(chunks);
-    VIDIT_CHECK(flat.numel() >= numel, "checkpoint '", dir_, "': the parts of '", key, "' hold ", flat.numel(),
-                " values, fewer than its shape needs (", numel, ")");
-    pieces.push_back(flat.narrow(0, 0, numel).reshape(shape));
+    parts.push_back(lookup(size_t(index)));
   }
-  auto split = meta_.split.find(name);
-  return T > 1 && split != meta_.split.end() ? at::cat(pieces, split->second) : pieces[0].clone();
+  VIDIT_CHECK(parts[0].sizes().vec() == l.local_shape() || l.cuts.back().kind == Cut::Kind::Flat, "checkpoint '",
+              dir_, "': '", key, "' is stored as ", parts[0].sizes(), " but its layout gives parts of ",
+              c10::IntArrayRef(l.local_shape()));
+  try {
+    return join_parts(l, parts);
+  } catch (const Error& e) {
+    fail("checkpoint '", dir_, "': ", what, " '", key, "': ", e.what());
+  }
 }
 
 TensorMap CheckpointReader::shapes(const std::string& what) const {
   TensorMap out;
   for (const auto& [key, t] : parts(what)[0].tensors) {
-    const std::string name = meta_.shards > 0 ? param_of(key) : "";
-    std::vector<int64_t> shape = name.empty() ? t.sizes().vec() : meta_.shapes.at(name);
-    auto split = meta_.split.find(name);
-    if (!name.empty() && meta_.tensor > 1 && split != meta_.split.end()) shape[size_t(split->second)] *= meta_.tensor;
+    const std::string name = state_param(key, meta_.layouts);
+    const std::vector<int64_t> shape = name.empty() ? t.sizes().vec() : meta_.layouts.at(name).shape;
     out[key] = at::empty(shape, at::TensorOptions().dtype(t.scalar_type()).device(at::kMeta));
   }
   return out;

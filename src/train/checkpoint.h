@@ -6,16 +6,22 @@
 // <out_dir>/checkpoints/latest pointer replaced, so a crash at any point leaves the previous
 // checkpoint intact and `latest` valid. Older checkpoints beyond `keep` are removed last.
 //
-// Sharded (FSDP): each shard's writer puts its part in {model,ema,optimizer}.shard-0000k-of-0000S
-// .safetensors (1-D chunks of the flattened, padded parameters, named as the parameters), and
-// meta.json's "shards" records S and every parameter's shape. load_checkpoint() reassembles
-// whole tensors from the parts, so a sharded checkpoint loads at any mesh (and in one process).
-// Tensor parallel: each member of the tensor group writes its parts (FSDP-sharded as above when
-// there is FSDP too) to {model,ema,optimizer}.tp-0000t-of-0000T.shard-0000k-of-0000S.safetensors;
-// "shards" then records the shapes of the parts, and meta.json's "tensor" records T and the
-// dimension each split parameter was cut along. They are put back together on load too.
-// The three steps of a distributed save: rank 0 begin_checkpoint(), a barrier, every writer
-// write_checkpoint_shard(), a barrier, rank 0 commit_checkpoint().
+// Distributed: the tensors are saved as the ranks hold them, in parts described by layouts
+// (parallel/layout.h) and written by one rank each (CheckpointPart there):
+// {model,ema,optimizer}.part-0000i-of-0000n.safetensors, numbered row-major over the mesh
+// dimensions some parameter is cut over. Part i holds, for every parameter, the piece at its
+// coordinates on the dimensions that parameter is cut over, if its coordinates on the others are
+// 0 (so each piece is written once), and part 0 also every key that names no parameter (step
+// counts, RNG states). meta.json records each parameter's layout and the parts' dimensions;
+// the reader puts each tensor back together from them, so a checkpoint loads at any mesh and in
+// one process, and nothing in this file knows a parallelism. One part: plain
+// {model,ema,optimizer}.safetensors, readable by any safetensors tool.
+//
+// Checkpoints of the first format ("vidit-checkpoint-1": FSDP shards
+// *.shard-0000k-of-0000S and tensor-parallel parts *.tp-0000t-of-0000T.shard-...) load too: their
+// meta is read as layouts of the same kind.
+// The three steps of a save: rank 0 begin_checkpoint(), a barrier, every writer
+// write_checkpoint_part(), a barrier, rank 0 commit_checkpoint().
 #pragma once
 #include <map>
 #include <memory>
@@ -24,31 +30,30 @@
 #include <string>
 
 #include "core/safetensors.h"
-#include "data/epoch_sampler.h"
+#include "loader/epoch_sampler.h"
+#include "parallel/layout.h"
 
 namespace vidit {
 
 struct CheckpointState {
   int64_t step = 0;
-  // Sharded: the number of parts and each parameter's whole shape (empty: whole tensors).
-  int64_t shards = 0;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  // Tensor parallel: the number of parts (0: none) and, per split parameter, its split dim.
-  int64_t tensor = 0;
-  std::map<std::string, int> split;
+  // How the tensors are cut (empty: every tensor whole), and which part this state is.
+  Layouts layouts;
+  CheckpointPart part;
   TensorMap model, ema, optimizer;  // optimizer also carries "rng/train"
   SamplerState sampler;
   int64_t ema_updates = 0;
   std::string config_toml;
 };
 
-// Saves and returns the checkpoint directory (whole tensors, one process).
+// Saves a state of one part and returns the checkpoint directory.
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
-// The distributed save, in three steps (see above). begin returns the temporary directory.
+// The save in three steps (see above). begin returns the temporary directory.
 std::string begin_checkpoint(const std::string& out_dir, int64_t step);
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
-void write_checkpoint_shard(const std::string& tmp_dir, const CheckpointState& part, int64_t index,
-                            int64_t tensor_index = 0);
+// Writes state.model, optimizer and (with_ema) ema as part state.part.index; a part may hold
+// no tensor of a kind and is written all the same.
+void write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema);
 std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
 // Directory named by <out_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
@@ -65,7 +70,7 @@ class CheckpointReader {
   explicit CheckpointReader(const std::string& dir);
   ~CheckpointReader();
   const std::string& dir() const { return dir_; }
-  // Everything but the tensors (step, sampler, EMA count, config, part layout).
+  // Everything but the tensors (step, sampler, EMA count, config, layouts).
   const CheckpointState& meta() const { return meta_; }
   bool has(const std::string& what) const;  // "model", "ema" (absent when saved without), "optimizer"
   std::vector<std::string> keys(const std::string& what) const;
@@ -77,7 +82,6 @@ class CheckpointReader {
  private:
   struct Part;
   const std::vector<Part>& parts(const std::string& what) const;
-  std::string param_of(const std::string& key) const;
   std::string dir_;
   CheckpointState meta_;
   std::map<std::string, std::vector<Part>> parts_;

@@ -3,29 +3,38 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
 #include "core/peak_flops.h"
 #include "core/trace.h"
-#include "dist/sequence_parallel.h"
+#include "parallel/parallelize.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 
 namespace vidit {
 
+namespace {
+// A run without a mesh is this process alone.
+std::shared_ptr<const Mesh> own_mesh(const Config& cfg, std::shared_ptr<const Mesh> mesh) {
+  return mesh ? mesh : std::make_shared<Mesh>(cfg, make_single_comm());
+}
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
                  at::Device device, std::shared_ptr<const Mesh> mesh)
-    : Trainer(cfg,
-              std::make_shared<EpochBatchSource>(std::move(data), cfg.train.seed, mesh ? mesh->coord("dp") : 0,
-                                                 mesh ? mesh->degree("dp") : 1),
+    : Trainer(cfg, std::move(data), std::move(null_text), device, own_mesh(cfg, std::move(mesh)), nullptr) {}
+
+Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text, at::Device device,
+                 std::shared_ptr<const Mesh> mesh, std::nullptr_t)
+    : Trainer(cfg, std::make_shared<EpochBatchSource>(std::move(data), cfg.train.seed, mesh->coord("dp"), mesh->degree("dp")),
               std::move(null_text), device, mesh) {}
 
 // Ranks whose batches are their own (not slices of a global batch) draw from their own stream.
-static uint64_t noise_seed(const Config& cfg, const BatchSource& source, const Mesh* mesh) {
-  const int dp_rank = mesh ? mesh->coord("dp") : 0;
-  return cfg.train.seed + 1 + (source.slices_global_batch() ? 0 : 1000003ull * uint64_t(dp_rank));
+static uint64_t noise_seed(const Config& cfg, const BatchSource& source, const Mesh& mesh) {
+  return cfg.train.seed + 1 + (source.slices_global_batch() ? 0 : 1000003ull * uint64_t(mesh.coord("dp")));
 }
 
 Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text, at::Device device,
@@ -34,103 +43,79 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       data_(std::move(source)),
       null_text_(std::move(null_text)),
       device_(device),
-      gen_(at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg, *data_, mesh.get()))),
-      info_(model_info(cfg)),
-      mesh_(std::move(mesh)) {
+      mesh_(own_mesh(cfg, std::move(mesh))),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg, *data_, *mesh_))),
+      info_(model_info(cfg)) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   torch::manual_seed(cfg.train.seed);
-  model_ = DiT(cfg.model);
-  model_->init_weights();
+  DiT model(cfg.model);
+  model->init_weights();
   if (!cfg.train.init_from.empty())
-    load_state_dict(*model_, read_weights(cfg.train.init_from), cfg.train.init_from);
-  model_->to(device_);
-  model_->recompute_blocks = cfg.train.recompute_blocks;
+    load_state_dict(*model, read_weights(cfg.train.init_from), cfg.train.init_from);
+  model->to(device_);
   peak_tflops_ = cfg.train.peak_tflops > 0 ? cfg.train.peak_tflops
                  : device_.is_cuda()       ? peak_tflops(cuda_device_name(std::max<int>(0, device_.index())), cfg.train.precision)
                                            : 0;
-  for (auto& item : model_->named_parameters(true)) {
-    params_[item.key()] = item.value();
-    param_list_.push_back(item.value());
-  }
-  if (mesh_) {
-    tp_ = apply_tensor_parallel(*model_, *mesh_);  // params_ now hold this member's parts
-    apply_sequence_parallel(*model_, *mesh_);
-    // Sharded (FSDP / HSDP) or replicated (DDP) parameters; with FSDP the optimizer and the EMA
-    // hold shards.
-    fsdp_ = apply_fsdp(*model_, *mesh_, cfg.parallel);
-    if (fsdp_) {
-      params_ = fsdp_->shards();
-      param_list_.clear();
-      for (auto& [name, p] : params_) param_list_.push_back(p);
-    } else {
-      dp_ = apply_data_parallel(param_list_, *mesh_, cfg.parallel);
-    }
-  }
-  opt_ = std::make_unique<AdamW>(params_, AdamWOptions{cfg.train.beta1, cfg.train.beta2,
-                                                       cfg.train.adam_eps, cfg.train.weight_decay},
-                                 fsdp_ ? fsdp_->full_params() : TensorMap{});
-  if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(params_, cfg.train.ema_decay);
-}
-
-TensorMap Trainer::whole(const TensorMap& m) const {
-  TensorMap parts = fsdp_ ? fsdp_->gather_full(m) : m;
-  return tp_ ? tp_->gather_whole(parts) : parts;
-}
-TensorMap Trainer::local(const TensorMap& m) const {
-  TensorMap parts = tp_ ? tp_->part_of(m) : m;
-  return fsdp_ ? fsdp_->shard_of(parts) : parts;
+  // Every parallelism of the mesh, in one place; params() are what this rank updates.
+  pm_ = parallelize(std::move(model), mesh_, cfg);
+  opt_ = std::make_unique<AdamW>(pm_->params(), AdamWOptions{cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps,
+                                                            cfg.train.weight_decay},
+                                 pm_->whole_shapes());
+  if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(pm_->params(), cfg.train.ema_decay);
 }
 
 std::string Trainer::save() {
+  const auto& tc = cfg_.train;
   CheckpointState s;
   s.step = step_;
-  s.model = params_;  // whole tensors, or under FSDP this member's shards
-  if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
-  s.optimizer = opt_->state();
-  s.optimizer["rng/train"] = gen_.get_state();
+  s.layouts = pm_->layouts();
+  s.part = pm_->part();
+  // Each rank keeps the keys it writes: its part of a parameter when it is that part's writer,
+  // and (rank 0) the keys that name no parameter.
+  auto mine = [&](const TensorMap& m) {
+    TensorMap out;
+    for (const auto& [key, t] : m)
+      if (pm_->writes(key)) out[key] = t;
+    return out;
+  };
+  s.model = mine(pm_->params());
+  if (ema_) s.ema = mine(ema_->weights()), s.ema_updates = ema_->updates();
+  TensorMap optimizer = opt_->state();
+  optimizer["rng/train"] = gen_.get_state();
   // Ranks with batches of their own also have streams of their own: every one is saved.
-  if (mesh_ && !data_->slices_global_batch() && mesh_->degree("dp") > 1) {
+  if (!data_->slices_global_batch()) {
     const auto& dp = mesh_->group("dp");
-    at::Tensor mine = gen_.get_state().to(at::kInt);
-    at::Tensor all = at::empty({dp->size() * mine.numel()}, mine.options());
-    dp->all_gather(mine, all)->wait();
-    for (int r = 0; r < dp->size(); ++r)
-      s.optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * mine.numel(), mine.numel()).to(at::kByte);
+    at::Tensor own = gen_.get_state().to(at::kInt);
+    at::Tensor all = at::empty({dp->size() * own.numel()}, own.options());
+    dp->all_gather(own, all)->wait();
+    for (int r = 1; r < dp->size(); ++r)
+      optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * own.numel(), own.numel()).to(at::kByte);
   }
+  s.optimizer = mine(optimizer);
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
-  const auto& tc = cfg_.train;
-  if (!fsdp_ && !tp_) return is_lead() ? save_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
-  // Sharded (FSDP) or split (tensor parallel): each part is written once, by its member with
-  // replicate and sp coordinates 0, between barriers, and rank 0 commits. Nothing is gathered.
-  s.shards = mesh_->degree("shard");
-  const TensorMap& parts = fsdp_ ? fsdp_->full_params() : params_;  // this member's parameter parts
-  for (const auto& [name, p] : parts) s.shapes[name] = p.sizes().vec();
-  if (tp_) {
-    s.tensor = tp_->degree();
-    for (const auto& [name, p] : parts)
-      if (tp_->split_dim(name) >= 0) s.split[name] = tp_->split_dim(name);
-  }
+  // Rank 0 opens the directory, the writers write their parts between barriers, rank 0 commits.
   if (is_lead()) begin_checkpoint(tc.out_dir, step_);
   mesh_->world()->barrier();
-  if (mesh_->coord("replicate") == 0 && mesh_->coord("sp") == 0)
-    write_checkpoint_shard(checkpoint_tmp_dir(tc.out_dir, step_), s, mesh_->coord("shard"), mesh_->coord("tensor"));
+  const bool writer = std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
+    return std::find(s.part.dims.begin(), s.part.dims.end(), d) != s.part.dims.end() || mesh_->coord(d) == 0;
+  });
+  if (writer) write_checkpoint_part(checkpoint_tmp_dir(tc.out_dir, step_), s, ema_ != nullptr);
   mesh_->world()->barrier();
   return is_lead() ? commit_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
 }
 
 void Trainer::load(const std::string& dir) {
-  // One whole tensor at a time: read from the mapped files, cut to this member's part (tensor
-  // parallel) and shard (FSDP), and dropped, so that resuming a large model at any mesh needs
-  // no more memory than one whole tensor beyond this member's state.
+  // One whole tensor at a time: read from the mapped files, cut to this rank's part and
+  // dropped, so that resuming a large model at any mesh needs no more memory than one whole
+  // tensor beyond this rank's state.
   CheckpointReader ckpt(dir);
   const CheckpointState& meta = ckpt.meta();
-  auto mine = [&](const char* what, const std::string& key) { return local({{key, ckpt.whole(what, key)}}).at(key); };
+  auto mine = [&](const char* what, const std::string& key) { return pm_->local(key, ckpt.whole(what, key)); };
   // Every parameter, by name and whole shape, before anything is read.
-  check_state_dict(tp_ ? tp_->whole_params() : fsdp_ ? fsdp_->full_params() : params_, ckpt.shapes("model"),
-                   dir + "/model.safetensors");
+  check_state_dict(pm_->whole_shapes(), ckpt.shapes("model"), dir + "/model.safetensors");
   at::NoGradGuard ng;
-  for (auto& [name, p] : params_) p.copy_(mine("model", name));
+  for (const auto& [name, p] : pm_->params()) at::Tensor(p).copy_(mine("model", name));
   if (ema_) {
     VIDIT_CHECK(ckpt.has("ema"), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");
     const TensorMap saved = ckpt.shapes("ema");
@@ -145,7 +130,7 @@ void Trainer::load(const std::string& dir) {
   opt_->load_state(optimizer, dir + "/optimizer.safetensors");
   auto rng = optimizer.find("rng/train");
   VIDIT_CHECK(rng != optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
-  const int dp_rank = mesh_ ? mesh_->coord("dp") : 0;
+  const int dp_rank = mesh_->coord("dp");
   if (data_->slices_global_batch() || dp_rank == 0) {
     gen_.set_state(rng->second);  // one stream for all ranks, or rank 0's own
   } else {
@@ -153,7 +138,7 @@ void Trainer::load(const std::string& dir) {
     if (own != optimizer.end())
       gen_.set_state(own->second);
     else  // a rank the saving run did not have: a stream of its own from (seed, rank, step)
-      gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, mesh_.get()) + 7919ull * uint64_t(meta.step));
+      gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, *mesh_) + 7919ull * uint64_t(meta.step));
   }
   data_->set_state(meta.sampler);
   step_ = meta.step;
@@ -217,7 +202,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   auto finish_trace = [&] {
     if (!trace::on()) return;
     trace::stop();
-    const int rank = mesh_ ? mesh_->rank() : 0;
+    const int rank = mesh_->rank();
     const std::string path = cfg_.train.out_dir + "/trace/rank" + std::to_string(rank) + ".json";
     const size_t n = trace::write(path);
     if (console && is_lead())
@@ -226,7 +211,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   };
   while (step_ < until) {
     if (cfg_.train.trace_steps > 0 && step_ == trace_from)
-      trace::start(mesh_ ? mesh_->rank() : 0, "rank " + std::to_string(mesh_ ? mesh_->rank() : 0));
+      trace::start(mesh_->rank(), "rank " + std::to_string(mesh_->rank()));
     StepResult r = step();
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
@@ -236,8 +221,8 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
       m.comm_wait_s = r.comm_wait_s;
       m.data_wait_s = r.data_wait_s;
-      if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * (mesh_ ? mesh_->size() : 1));
-      if (mesh_ && mesh_->size() > 1) find_slowest(r, m);  // collective: every rank logs the same steps
+      if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());
+      find_slowest(r, m);  // collective: every rank logs the same steps
       if (logger) logger->log(m);
     }
     if (step_ == trace_to) finish_trace();
@@ -246,7 +231,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   }
   finish_trace();
   save();
-  if (console && is_lead() && mesh_ && mesh_->size() > 1) {
+  if (console && is_lead() && mesh_->world()->backend() != "single") {
     // Where rank 0 waited, over the whole run, by collective.
     const CommTimes times = mesh_->comm_times();
     std::printf("communication on rank 0 (time blocked in wait, calls, bytes handed over):\n");

@@ -1,0 +1,136 @@
+#include "loader/cache_loader.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace vidit {
+
+CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank, int world, bool pin)
+    : cache_(std::move(cache)), cfg_(cfg), pin_(pin) {
+  const auto& m = cfg_.model;
+  std::map<std::string, int> bucket_index;
+  std::vector<int> bucket_of;
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < cache_->size(); ++i) {
+    const CacheIndexEntry& e = cache_->entry(i);
+    VIDIT_CHECK(e.shape[0] == m.in_channels, "latent cache '", cache_->dir(), "': sample '", e.key, "' has ",
+                e.shape[0], " latent channels but model.in_channels is ", m.in_channels,
+                "; the cache was made with another codec: re-run vidit prepare or fix the config");
+    for (int a = 0; a < 3; ++a)
+      VIDIT_CHECK(e.shape[size_t(a) + 1] % m.patch[size_t(a)] == 0, "latent cache '", cache_->dir(), "': sample '",
+                  e.key, "' (bucket ", e.bucket, ") has latent shape ", c10::IntArrayRef(e.shape),
+                  " which model.patch does not divide; choose buckets.multiple / frames to fit the patch");
+    auto [it, fresh] = bucket_index.emplace(e.bucket, int(tokens.size()));
+    if (fresh) {
+      tokens.push_back((e.shape[1] / m.patch[0]) * (e.shape[2] / m.patch[1]) * (e.shape[3] / m.patch[2]));
+      bucket_names_.push_back(e.bucket);
+    }
+    bucket_of.push_back(it->second);
+  }
+  budget_ = cfg_.data.token_budget > 0 ? cfg_.data.token_budget : cfg_.train.batch_size * tokens_per_sample(cfg_);
+  sampler_ = std::make_unique<BucketBatchSampler>(bucket_of, tokens, budget_, cfg_.train.seed, rank, world);
+  handed_ = sampler_->state();
+  start();
+}
+
+CacheLoader::~CacheLoader() { stop(); }
+
+void CacheLoader::start() {
+  stopping_ = false;
+  for (int64_t t = 0; t < cfg_.data.loader_threads; ++t) threads_.emplace_back([this] { work(); });
+}
+
+void CacheLoader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void CacheLoader::work() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || next_seq_ - want_seq_ < cfg_.data.prefetch; });
+      if (stopping_) return;
+      job.seq = next_seq_++;
+      job.indices = sampler_->next();
+      after_[job.seq] = sampler_->state();
+    }
+    MicroBatch b = assemble(job);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_[job.seq] = std::move(b);
+    }
+    cv_.notify_all();
+  }
+}
+
+MicroBatch CacheLoader::assemble(const Job& job) {
+  const auto& m = cfg_.model;
+  std::vector<at::Tensor> lat, spread, txt;
+  for (int64_t i : job.indices) {
+    try {
+      LatentCache::Loaded s = cache_->load(i, /*verify=*/true);
+      at::Tensor t = s.text.to(at::kFloat);
+      VIDIT_CHECK(t.dim() == 2 && t.size(1) == m.text_dim && t.size(0) <= m.text_len, "sample '", cache_->entry(i).key,
+                  "': text embedding of shape ", t.sizes(), " does not fit [", m.text_len, ", ", m.text_dim, "]");
+      if (t.size(0) < m.text_len) t = at::cat({t, at::zeros({m.text_len - t.size(0), m.text_dim})});
+      lat.push_back(s.mean);
+      spread.push_back(s.std);
+      txt.push_back(t);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "[loader] skipping a sample: %s\n", e.what());
+      std::lock_guard<std::mutex> lock(mu_);
+      skipped_.push_back(e.what());
+    }
+  }
+  if (lat.empty()) {
+    const auto& sh = job.indices.empty() ? std::vector<int64_t>{m.in_channels, 1, 1, 1} : cache_->entry(job.indices[0]).shape;
+    at::Tensor empty = at::zeros({0, sh[0], sh[1], sh[2], sh[3]});
+    return {empty, empty, at::zeros({0, m.text_len, m.text_dim})};
+  }
+  MicroBatch b{at::stack(lat), at::stack(spread), at::stack(txt)};
+  if (pin_) b.latents = b.latents.pin_memory(), b.latent_std = b.latent_std.pin_memory(), b.texts = b.texts.pin_memory();
+  return b;
+}
+
+MicroBatch CacheLoader::next(int64_t) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return ready_.count(want_seq_) > 0; });
+  MicroBatch b = std::move(ready_[want_seq_]);
+  ready_.erase(want_seq_);
+  handed_ = after_[want_seq_];
+  after_.erase(want_seq_);
+  ++want_seq_;
+  lock.unlock();
+  cv_.notify_all();
+  return b;
+}
+
+SamplerState CacheLoader::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {handed_.seed, handed_.epoch, handed_.consumed};
+}
+
+void CacheLoader::set_state(const SamplerState& s) {
+  stop();
+  ready_.clear();
+  after_.clear();
+  next_seq_ = want_seq_ = 0;
+  sampler_->set_state({s.seed, s.epoch, s.position});
+  handed_ = sampler_->state();
+  start();
+}
+
+std::vector<std::string> CacheLoader::skipped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return skipped_;
+}
+
+}  // namespace vidit

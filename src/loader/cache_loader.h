@@ -1,0 +1,76 @@
+// Training batches from the latent cache.
+//
+// The bucket sampler (bucket_sampler.h) decides each step's sample indices for this rank; loader
+// threads read those samples from the memory-mapped shards, verify their checksums, pad text to
+// model.text_len, stack mean and std (in the cache's storage type, bf16 by default, so half the
+// bytes travel) and copy into pinned memory when a GPU is present. The trainer draws the latent
+// by reparameterisation, mean + std * noise, with its own checkpointed generator (so a resumed
+// run draws the same latents). Up to data.prefetch batches are prepared ahead by
+// data.loader_threads threads; next() hands them out in order.
+//
+// A sample that fails its checksum or cannot be read is skipped (the batch is one smaller) and
+// recorded in skipped() and on stderr; training never stops for it. The saved position is that
+// of the batches handed out, not of those prefetched, so a checkpoint resumes exactly.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "loader/batch_source.h"
+#include "loader/bucket_sampler.h"
+#include "prepare/buckets.h"
+#include "loader/latent_cache.h"
+
+namespace vidit {
+
+class CacheLoader : public BatchSource {
+ public:
+  // `token_budget`: latent tokens (after patchify) per batch; `pin`: pinned host memory.
+  CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank = 0, int world = 1,
+              bool pin = false);
+  ~CacheLoader() override;
+
+  MicroBatch next(int64_t batch_size_hint = 0) override;
+  SamplerState state() const override;
+  void set_state(const SamplerState& s) override;
+
+  const std::vector<std::string>& bucket_names() const { return bucket_names_; }
+  std::vector<std::string> skipped() const;
+  int64_t token_budget() const { return budget_; }
+
+ private:
+  struct Job {
+    int64_t seq;
+    std::vector<int64_t> indices;
+  };
+  void start();
+  void stop();
+  void work();
+  MicroBatch assemble(const Job& job);
+
+  std::shared_ptr<const LatentCache> cache_;
+  Config cfg_;
+  bool pin_;
+  int64_t budget_ = 0;
+  std::vector<std::string> bucket_names_;
+  std::unique_ptr<BucketBatchSampler> sampler_;
+  BucketSamplerState handed_;  // position after the last batch handed out
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+  int64_t next_seq_ = 0;   // next job to create
+  int64_t want_seq_ = 0;   // next batch next() returns
+  std::map<int64_t, MicroBatch> ready_;
+  std::map<int64_t, BucketSamplerState> after_;  // sampler state after each job
+  std::vector<std::string> skipped_;
+};
+
+}  // namespace vidit

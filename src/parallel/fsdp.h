@@ -1,0 +1,107 @@
+// Fully sharded data parallel (FSDP, ZeRO-3) over the mesh's "shard" group; with a "replicate"
+// group too, HSDP. Each member keeps 1/S of every parameter (its flattened elements, padded to a
+// multiple of S, split in S equal chunks), of its gradient and, because AdamW and the EMA run on
+// these shards, of the optimizer state and EMA weights.
+//
+// Units: one per DiT block, and a root unit with the other parameters (embeddings, head). The
+// model's forward hooks (model/dit.h ForwardHooks) drive the gathering:
+//  - root: all-gathered when the forward starts; kept until its gradients are done;
+//  - block i: all-gathered before its forward (waiting for a prefetch issued one block earlier,
+//    so the gather of block i+1 overlaps block i's compute; parallel.prefetch = false issues
+//    each gather only when its block starts, for comparison), freed after its forward when
+//    parallel.reshard_after_forward (else kept for backward), and gathered again when backward
+//    reaches the block's output, prefetching block i-1;
+//  - when backward has produced all of a unit's gradients, they are packed and reduce-scattered
+//    asynchronously (averaged over "shard", in parallel.reduce_dtype), the unit's gathered
+//    weights and full gradients are freed, and backward goes on;
+//  - after_backward() (every micro-batch) waits for the reductions, sums the shares over the
+//    sp group (sequence parallel) and averages over "replicate" (HSDP), and adds the result to
+//    the shards' .grad.
+// Freed weights keep their tensors (autograd holds them) with their storage released; gathering
+// refills the same storage, so saved tensors see the data again.
+//
+// The model knows nothing of this; its own parameters hold no memory between uses. The shards'
+// layout (a Flat cut, layout.h) is what checkpoints, the gradient norm and weight gathering read,
+// so a checkpoint loads at any mesh.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/config.h"
+#include "core/safetensors.h"
+#include "parallel/mesh.h"
+#include "parallel/parallel_model.h"
+#include "model/dit.h"
+
+namespace vidit {
+
+class FullyShardedDataParallel : public GradientSync {
+ public:
+  // Collective over the mesh: broadcasts the weights from dp rank 0, keeps this member's shards
+  // and frees the model's own parameter storage.
+  FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg);
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // This member's shards, named like the model's parameters: 1-D fp32 leaves whose .grad holds
+  // the reduced gradient after after_backward(). AdamW and the EMA run on these.
+  const TensorMap& shards() const { return shard_map_; }
+  // GradientSync: after each micro-batch's backward, finishes the reductions and accumulates
+  // the shards' gradients.
+  void after_backward(bool last) override { after_backward(); }
+  void after_backward();
+
+  // Bytes this member keeps between steps for parameters and gradients (shards), and the most
+  // gathered at once during the last step (for the memory report).
+  int64_t shard_bytes() const;
+  int64_t peak_gathered_bytes() const { return peak_gathered_; }
+
+ private:
+  struct Unit {
+    std::vector<int> params;             // indices into params_
+    std::vector<int64_t> offset, chunk;  // per param: place and length in the unit's shard
+    int64_t shard_numel = 0;
+    bool gathered = false, keep = false;  // keep: root, or reshard_after_forward = false
+    int ready = 0;                       // gradients produced in this backward
+    bool reducing = false;
+    at::Tensor gather_buf;               // [S * shard_numel] while a gather is in flight
+    WorkPtr gather_work;
+    at::Tensor reduce_out;               // [shard_numel]
+    WorkPtr reduce_work;
+  };
+  void prefetch(int unit);  // starts unit's gather early (parallel.prefetch)
+  void end_backward_slice();  // the trace's "block i backward" slice
+  void start_gather(Unit& u);
+  void finish_gather(Unit& u);
+  void ensure_gathered(int unit);
+  void release(Unit& u);
+  void on_grad_ready(int param);
+  void start_reduce(Unit& u);
+
+  std::shared_ptr<Comm> shard_, replicate_, sp_;
+  int S_ = 1, rank_ = 0;
+  bool reduce_bf16_ = false;
+  bool prefetch_ = true;
+  double forward_start_us_ = -1, backward_start_us_ = -1;  // trace slices of the current block
+  int backward_block_ = -1;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;  // the model's parameters (storage freed between uses)
+  std::vector<int> unit_of_;
+  std::vector<Unit> units_;         // units_[0] is the root; units_[1 + i] is block i
+  TensorMap shard_map_;
+  int64_t gathered_bytes_ = 0, peak_gathered_ = 0;
+};
+
+// The cut FSDP over S shards gives every parameter: Flat over "shard" (none when S == 1).
+std::vector<Cut> fsdp_cuts(int S);
+
+// FSDP over the mesh's "shard" group: pm.params() become the shards, and every layout gets the
+// Flat cut. With tensor parallel, apply it first: FSDP then shards each member's parts.
+// Collective over the mesh.
+void apply_fsdp(ParallelModel& pm, const ParallelConfig& cfg);
+
+}  // namespace vidit

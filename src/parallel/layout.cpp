@@ -1,0 +1,169 @@
+#include "parallel/layout.h"
+
+#include <set>
+
+#include "core/error.h"
+#include "parallel/mesh.h"
+
+namespace vidit {
+
+bool Layout::cut_over(const std::string& group) const {
+  for (const Cut& c : cuts)
+    if (c.over == group) return true;
+  return false;
+}
+
+std::vector<int64_t> Layout::shape_after(size_t n) const {
+  std::vector<int64_t> s = shape;
+  for (size_t i = 0; i < n && i < cuts.size(); ++i) {
+    const Cut& c = cuts[i];
+    if (c.kind == Cut::Kind::Split) {
+      s[size_t(c.dim)] /= c.degree;
+    } else {
+      int64_t numel = 1;
+      for (int64_t d : s) numel *= d;
+      s = {(numel + c.degree - 1) / c.degree};
+    }
+  }
+  return s;
+}
+
+int CheckpointPart::count() const {
+  int n = 1;
+  for (int d : degrees) n *= d;
+  return n;
+}
+
+Layouts replicated_layouts(const TensorMap& params) {
+  Layouts out;
+  for (const auto& [name, p] : params) out[name] = Layout{p.sizes().vec(), {}};
+  return out;
+}
+
+std::string state_param(const std::string& key, const Layouts& layouts) {
+  if (layouts.count(key)) return key;
+  const size_t slash = key.find('/');
+  if (slash != std::string::npos && layouts.count(key.substr(slash + 1))) return key.substr(slash + 1);
+  return "";
+}
+
+at::Tensor cut_part(const Layout& layout, const at::Tensor& whole, const std::vector<int>& coords) {
+  VIDIT_CHECK(whole.sizes().vec() == layout.shape, "a tensor of shape ", whole.sizes(), " was given for a parameter of shape ",
+              c10::IntArrayRef(layout.shape));
+  at::Tensor t = whole;
+  for (size_t i = 0; i < layout.cuts.size(); ++i) {
+    const Cut& c = layout.cuts[i];
+    if (c.kind == Cut::Kind::Split) {
+      const int64_t n = t.size(c.dim) / c.degree;
+      t = t.narrow(c.dim, coords[i] * n, n);
+    } else {
+      const int64_t numel = t.numel(), chunk = (numel + c.degree - 1) / c.degree;
+      t = at::constant_pad_nd(t.reshape(-1), {0, chunk * c.degree - numel}).narrow(0, coords[i] * chunk, chunk);
+    }
+  }
+  return t.clone();
+}
+
+at::Tensor local_part(const Layout& layout, const at::Tensor& whole, const Mesh& mesh) {
+  std::vector<int> coords;
+  for (const Cut& c : layout.cuts) coords.push_back(mesh.coord(c.over));
+  return cut_part(layout, whole, coords);
+}
+
+at::Tensor join_parts(const Layout& layout, const std::vector<at::Tensor>& parts) {
+  // Undo the cuts from the last: the parts differing only in the last coordinate are joined
+  // first, and so on up to the whole tensor.
+  std::vector<at::Tensor> level = parts;
+  for (size_t i = layout.cuts.size(); i-- > 0;) {
+    const Cut& c = layout.cuts[i];
+    const std::vector<int64_t> before = layout.shape_after(i);
+    VIDIT_CHECK(level.size() % size_t(c.degree) == 0, "layout: ", level.size(), " parts cannot be cut ", c.degree,
+                " ways over ", c.over);
+    std::vector<at::Tensor> next;
+    for (size_t j = 0; j < level.size(); j += size_t(c.degree)) {
+      std::vector<at::Tensor> group(level.begin() + j, level.begin() + j + c.degree);
+      if (c.kind == Cut::Kind::Split) {
+        next.push_back(at::cat(group, c.dim));
+      } else {
+        for (auto& g : group) g = g.reshape(-1);
+        at::Tensor flat = at::cat(group);
+        int64_t numel = 1;
+        for (int64_t d : before) numel *= d;
+        VIDIT_CHECK(flat.numel() >= numel, "layout: the parts over ", c.over, " hold ", flat.numel(),
+                    " values, fewer than the ", numel, " of shape ", c10::IntArrayRef(before));
+        next.push_back(flat.narrow(0, 0, numel).reshape(before));
+      }
+    }
+    level = std::move(next);
+  }
+  VIDIT_CHECK(level.size() == 1, "layout: ", parts.size(), " parts for one tensor");
+  return level[0].contiguous();
+}
+
+at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, const Mesh& mesh) {
+  at::NoGradGuard no_grad;
+  at::Tensor t = local.detach().contiguous();
+  for (size_t i = layout.cuts.size(); i-- > 0;) {
+    const Cut& c = layout.cuts[i];
+    const auto& group = mesh.group(c.over);
+    const std::vector<int64_t> before = layout.shape_after(i);
+    if (c.kind == Cut::Kind::Split) {
+      // The gather concatenates along dim 0: move the split dim there and back.
+      at::Tensor in = t.transpose(0, c.dim).contiguous();
+      std::vector<int64_t> shape = in.sizes().vec();
+      shape[0] *= c.degree;
+      at::Tensor all = at::empty(shape, in.options());
+      group->all_gather(in, all)->wait();
+      t = all.transpose(0, c.dim).contiguous();
+    } else {
+      at::Tensor in = t.reshape(-1), all = at::empty({c.degree * in.numel()}, in.options());
+      group->all_gather(in, all)->wait();
+      int64_t numel = 1;
+      for (int64_t d : before) numel *= d;
+      t = all.narrow(0, 0, numel).reshape(before).clone();
+    }
+  }
+  return t.is_same(local) ? t.clone() : t;
+}
+
+double global_norm(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh) {
+  at::NoGradGuard no_grad;
+  // Tensors grouped by the set of groups they are cut over; each set's squares summed locally.
+  std::map<std::set<std::string>, std::vector<at::Tensor>> by_cut;
+  // The sets come from the names, not from which tensors are defined, so that every rank issues
+  // the same collectives.
+  at::Device device = at::kCPU;
+  for (const auto& [name, t] : tensors) {
+    std::set<std::string> groups;
+    auto it = layouts.find(name);
+    if (it != layouts.end())
+      for (const Cut& c : it->second.cuts) groups.insert(c.over);
+    std::vector<at::Tensor>& ts = by_cut[groups];
+    if (t.defined()) ts.push_back(t), device = t.device();
+  }
+  if (by_cut.empty()) return 0;
+  std::vector<at::Tensor> sums;
+  for (auto& [groups, ts] : by_cut)
+    sums.push_back(ts.empty() ? at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device))
+                              : at::stack(at::_foreach_norm(ts, 2)).to(at::kDouble).square().sum().to(device));
+  at::Tensor sq = at::stack(sums);
+  // Over each group some set is cut over, the sets cut over it are summed (the same order on
+  // every rank: the names, hence the sets, are the same everywhere).
+  std::set<std::string> every;
+  for (const auto& [groups, ts] : by_cut) every.insert(groups.begin(), groups.end());
+  for (const std::string& g : every) {
+    std::vector<int64_t> idx;
+    int64_t k = 0;
+    for (const auto& [groups, ts] : by_cut) {
+      if (groups.count(g)) idx.push_back(k);
+      ++k;
+    }
+    at::Tensor where = at::tensor(idx, at::kLong).to(sq.device());
+    at::Tensor part = sq.index_select(0, where);
+    mesh.group(g)->all_reduce(part, ReduceOp::Sum)->wait();
+    sq.index_copy_(0, where, part);
+  }
+  return std::sqrt(sq.sum().item<double>());
+}
+
+}  // namespace vidit

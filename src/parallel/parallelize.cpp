@@ -1,0 +1,31 @@
+#include "parallel/parallelize.h"
+
+#include "parallel/data_parallel.h"
+#include "parallel/fsdp.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/tensor_parallel.h"
+
+namespace vidit {
+
+std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg) {
+  auto pm = std::make_unique<ParallelModel>(std::move(model), std::move(mesh));
+  apply_tensor_parallel(*pm);
+  apply_sequence_parallel(*pm);
+  pm->model()->recompute_blocks = cfg.train.recompute_blocks;
+  if (cfg.parallel.shard > 1)
+    apply_fsdp(*pm, cfg.parallel);
+  else
+    apply_data_parallel(*pm, cfg.parallel);
+  return pm;
+}
+
+Layouts planned_layouts(const TensorMap& whole, const ParallelConfig& p) {
+  Layouts out = replicated_layouts(whole);
+  for (auto& [name, l] : out) {
+    for (const Cut& c : tensor_parallel_cuts(name, int(p.tensor))) l.cuts.push_back(c);
+    for (const Cut& c : fsdp_cuts(int(p.shard))) l.cuts.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace vidit

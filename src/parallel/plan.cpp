@@ -1,0 +1,175 @@
+#include "parallel/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+#include "parallel/mesh.h"
+#include "model/model_info.h"
+
+namespace vidit {
+
+double StepPlan::comm() const {
+  double t = 0;
+  for (const auto& [k, v] : by_collective) t += v;
+  return t;
+}
+
+StepPlan plan_step(const Config& cfg) {
+  const auto& m = cfg.model;
+  const auto& p = cfg.parallel;
+  StepPlan plan;
+  const double S = double(p.shard), R = double(p.replicate), u = double(p.ulysses), r = double(p.ring),
+               T = double(p.tensor), dp = R * S, sp = u * r;
+  plan.world = p.replicate * p.shard * p.ulysses * p.ring * p.tensor;
+  plan.params = count_parameters(m);
+  const double d = double(m.dim), f = double(m.ffn_dim);
+  // Tensor parallel keeps 1/T of each block's q, k, v, QK norms and o (both attentions) and MLP.
+  const double split = 2 * (3 * (d * d + d) + 2 * d + d * d) + (d * f + f) + f * d;
+  const double block = double(count_block_parameters(m)) - split * (1 - 1 / T),
+               root = double(plan.params) - double(m.layers) * double(count_block_parameters(m)),
+               P = root + double(m.layers) * block;  // parameters per rank before FSDP
+  const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
+  const double L = double(tokens_per_sample(cfg)), Lc = L / sp, Lt = double(m.text_len);
+  const double patch = double(m.patch[0] * m.patch[1] * m.patch[2]);
+  const bool bf16 = cfg.train.precision == "bf16";
+
+  auto add = [&](const char* collective, const std::string& purpose, double bytes) {
+    if (bytes <= 0) return;
+    plan.by_collective[collective] += bytes;
+    plan.by_purpose[purpose] += bytes;
+  };
+  auto all_reduce = [](double n, double bytes) { return n > 1 ? 2 * (n - 1) / n * bytes : 0.0; };
+  auto spread = [](double n, double bytes) { return n > 1 ? (n - 1) / n * bytes : 0.0; };  // gather / scatter / a2a
+
+  // Memory.
+  const double shard = p.shard > 1 ? S : 1;
+  plan.weights = 4 * P / shard;
+  plan.grads = 4 * P / shard;
+  plan.optimizer = 8 * P / shard;
+  plan.ema = cfg.train.ema_decay > 0 ? 4 * P / shard : 0;
+  plan.gathered = p.shard > 1 ? 4 * (root + std::min<double>(2, m.layers) * block) : 0;
+  // Recomputed blocks (train.recompute_blocks) keep their input only, and one of them at a time
+  // holds its full activations again during its backward.
+  const double layers = double(m.layers);
+  const double recomputed = cfg.train.recompute_blocks < 0 ? layers : std::min<double>(cfg.train.recompute_blocks, layers);
+  const double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
+  plan.activations = (layers - recomputed) * per_block + recomputed * b * Lc * d * 4 + (recomputed > 0 ? per_block : 0);
+
+  // Gradients.
+  if (p.shard > 1) {
+    const double gathers = 1 + (p.reshard_after_forward ? 2 : 1) * double(m.layers);
+    add("all_gather", "FSDP weights", A * spread(S, 4 * root) +
+                                          A * (gathers - 1) * spread(S, 4 * block));
+    add("reduce_scatter", "FSDP gradients", A * spread(S, (p.reduce_dtype == "bf16" ? 2 : 4) * P));
+    add("all_reduce", "FSDP gradients over sp", A * all_reduce(sp, 4 * P / S));
+    add("all_reduce", "HSDP gradients over replicate", A * all_reduce(R, 4 * P / S));
+    // The gradient norm (layout.h global_norm): one double per set of groups the parameters
+    // are cut over that holds "shard": {shard}, and {shard, tensor} under tensor parallel.
+    add("all_reduce", "bookkeeping", all_reduce(S, 8 * (p.tensor > 1 ? 2 : 1)));
+  } else {
+    add("all_reduce", "data-parallel gradients", all_reduce(dp * sp, 4 * P));
+  }
+  add("all_reduce", "bookkeeping", all_reduce(dp, 32));
+  add("all_reduce", "bookkeeping", all_reduce(T, 8));
+
+  // Heads and MLP units split over tensor: per block and micro-batch, forward sums the partial
+  // outputs of both o projections and the MLP and the QK norms' sums of squares; backward sums
+  // the gradients of the inputs of q / k / v, cross-attention q, the text context and the MLP,
+  // and the norms' again.
+  const double norms = 4 * b * (3 * Lc + Lt);
+  // A recomputed block runs its forward collectives twice.
+  add("all_reduce", "tensor parallel", A * ((layers + recomputed) * all_reduce(T, 3 * b * Lc * d * 4 + norms) +
+                                            layers * all_reduce(T, 3 * b * Lc * d * 4 + b * Lt * d * 4 + norms)));
+  // Tokens split over sp.
+  const double act = 4, v_bytes = bf16 ? 2 : 4;
+  // Attention sees this rank's heads: d / T features under tensor parallel.
+  const double dh = d / T;
+  add("all_to_all", "Ulysses", A * (2 * layers + recomputed) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
+  const double kv = 2 * b * (L / r) * (dh / u) * 4;
+  if (p.ring > 1)
+    add("send", "ring attention", A * ((layers + recomputed) * (r - 1) * kv + layers * ((r - 1) * kv + r * kv)));
+  add("all_gather", "sequence output", A * spread(sp, b * L * double(m.out_channels) * patch * 4));
+  return plan;
+}
+
+namespace {
+
+std::string human(double bytes) {
+  char buf[32];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) bytes /= 1024, ++i;
+  std::snprintf(buf, sizeof buf, "%.3g %s", bytes, units[i]);
+  return buf;
+}
+
+std::string mesh_name(const ParallelConfig& p) {
+  std::ostringstream os;
+  os << "replicate " << p.replicate << " x shard " << p.shard << " x ulysses " << p.ulysses << " x ring " << p.ring
+     << " x tensor " << p.tensor;
+  return os.str();
+}
+
+}  // namespace
+
+std::string format_plan(const Config& cfg, const StepPlan& plan) {
+  std::ostringstream os;
+  os << "mesh            " << mesh_name(cfg.parallel) << " (" << plan.world << " ranks)\n"
+     << "per rank        weights " << human(plan.weights) << ", grads " << human(plan.grads) << ", AdamW "
+     << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered)
+     << ", activations ~" << human(plan.activations) << " (estimate)\n"
+     << "                total ~" << human(plan.memory()) << "\n"
+     << "sent per step   " << human(plan.comm()) << " per rank\n";
+  for (const auto& [k, v] : plan.by_purpose) os << "    " << k << ": " << human(v) << "\n";
+  return os.str();
+}
+
+std::vector<MeshChoice> plan_meshes(const Config& cfg, int64_t world, double gpu_bytes) {
+  std::vector<MeshChoice> out;
+  for (int64_t tensor = 1; tensor <= world; ++tensor)
+  for (int64_t shard = 1; tensor * shard <= world; ++shard)
+    for (int64_t ulysses = 1; tensor * shard * ulysses <= world; ++ulysses)
+      for (int64_t ring = 1; tensor * shard * ulysses * ring <= world; ++ring) {
+        const int64_t used = tensor * shard * ulysses * ring;
+        if (world % used) continue;
+        Config c = cfg;
+        c.parallel.shard = shard, c.parallel.ulysses = ulysses, c.parallel.ring = ring, c.parallel.tensor = tensor;
+        c.parallel.replicate = world / used;
+        try {
+          validate_mesh(c, int(world));
+        } catch (const Error&) {
+          continue;
+        }
+        MeshChoice ch{c.parallel, plan_step(c), true};
+        ch.fits = gpu_bytes <= 0 || ch.plan.memory() <= gpu_bytes;
+        out.push_back(ch);
+      }
+  std::stable_sort(out.begin(), out.end(), [](const MeshChoice& a, const MeshChoice& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.plan.comm() < b.plan.comm();
+  });
+  return out;
+}
+
+std::string format_meshes(const Config& cfg, const std::vector<MeshChoice>& choices, double gpu_bytes) {
+  std::ostringstream os;
+  os << "meshes of " << (choices.empty() ? 0 : choices[0].plan.world) << " ranks for " << cfg.source
+     << (gpu_bytes > 0 ? " (fits: memory per rank <= " + human(gpu_bytes) + ")" : "") << ", fewest bytes sent first:\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-4s %-56s %14s %14s\n", "fits", "mesh", "memory/rank", "sent/step");
+  os << line;
+  for (const auto& c : choices) {
+    std::snprintf(line, sizeof line, "  %-4s %-56s %14s %14s\n", c.fits ? "yes" : "no", mesh_name(c.mesh).c_str(),
+                  human(c.plan.memory()).c_str(), human(c.plan.comm()).c_str());
+    os << line;
+  }
+  if (choices.empty()) os << "  (none: no mesh of this size splits the heads and tokens evenly)\n";
+  if (cfg.data.source != "cache")
+    os << "  (data-parallel degrees must divide the global train.batch_size = " << cfg.train.batch_size
+       << "; raise it with --set to list more)\n";
+  return os.str();
+}
+
+}  // namespace vidit

@@ -1,0 +1,75 @@
+// The cost of a training step on a mesh, per rank, from the config alone (no weights, no
+// processes): the memory of the training state and the bytes each rank sends per optimizer step,
+// by collective. `vidit plan` prints it for one mesh, or for every mesh of a world size with the
+// ones that fit a GPU's memory marked.
+//
+// Bytes are counted as a bandwidth-optimal algorithm sends them from each rank (the convention of
+// NCCL's "bus bandwidth"): all-reduce of N bytes over n ranks 2(n-1)/n N; all-gather and
+// reduce-scatter of N bytes in total (n-1)/n N; all-to-all of N bytes (n-1)/n N; send N.
+// CountingComm (parallel/counting_comm.h) counts the collectives a run really issues the same way,
+// and a test checks the two agree.
+//
+// What each parallelism moves per optimizer step (A micro-batches of b samples per dp rank,
+// L tokens, Lc = L / (ulysses x ring) per rank, d = dim, P parameters):
+//   data parallel   all-reduce of P fp32 gradients once, over dp (x sp when tokens are split);
+//   FSDP            per micro-batch, all-gather of the root unit once and of every block once,
+//                   or twice with reshard_after_forward; reduce-scatter of P gradients
+//                   (parallel.reduce_dtype); then all-reduce of the P/S shard over sp and over
+//                   replicate when those are > 1;
+//   Ulysses         per block and micro-batch, all-to-all of q, k, v and the output
+//                   (b x Lc x d each) forward and of their gradients backward;
+//   ring            per block and micro-batch, r-1 hops of K and V (b x L/r x d/u each) forward;
+//                   r-1 hops of K, V and r of dK, dV backward;
+//   sequence split  all-gather of the head's output (b x L x C_out*patch) per micro-batch;
+//   tensor          per block and micro-batch, all-reduce over tensor of 3 b x Lc x d partial
+//                   outputs forward and of 3 b x Lc x d + b x Lt x d input gradients backward,
+//                   plus the QK norms' sums of squares (b x (3 Lc + Lt)) both ways; data
+//                   parallel and FSDP then move each rank's P_T = its part of the parameters,
+//                   and Ulysses and ring move d / T of the features;
+//   bookkeeping     all-reduce of 4 doubles over dp (logged totals); for the gradient norm one
+//                   double per set of groups some parameters are cut over, over each of its
+//                   groups (FSDP: 1 over shard; with tensor parallel 2 over shard and 1 over
+//                   tensor; tensor parallel alone 1 over tensor).
+// Exact for fp32 training; with bf16 the activation exchanges move fewer bytes than stated.
+//
+// Memory per rank: fp32 weights, gradients, AdamW moments and EMA of the rank's part (the split
+// block parameters divided by the tensor degree), divided by the shard degree under FSDP, plus the largest gathered units (root and two blocks); activations are an
+// estimate, (18 d + 2 ffn) x 4 bytes per local token per block (what a block saves for
+// backward), not a measurement; a recomputed block (train.recompute_blocks) keeps d x 4 bytes
+// per token, plus one block's full set while it is recomputed, and runs its forward
+// collectives (tensor parallel, Ulysses, ring) twice.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace vidit {
+
+struct StepPlan {
+  int64_t world = 1;
+  int64_t params = 0;
+  // Memory per rank, bytes.
+  double weights = 0, grads = 0, optimizer = 0, ema = 0, gathered = 0, activations = 0;
+  double memory() const { return weights + grads + optimizer + ema + gathered + activations; }
+  // Bytes sent per rank per optimizer step, by collective ("all_reduce", "all_gather",
+  // "reduce_scatter", "all_to_all", "send"), and by what they are for.
+  std::map<std::string, double> by_collective, by_purpose;
+  double comm() const;
+};
+
+StepPlan plan_step(const Config& cfg);
+std::string format_plan(const Config& cfg, const StepPlan& plan);
+
+// Every mesh of `world` ranks that validate_mesh() accepts for this config, its
+// plan, and whether its memory fits `gpu_bytes` (0: no limit), fewest bytes sent first.
+struct MeshChoice {
+  ParallelConfig mesh;
+  StepPlan plan;
+  bool fits = true;
+};
+std::vector<MeshChoice> plan_meshes(const Config& cfg, int64_t world, double gpu_bytes);
+std::string format_meshes(const Config& cfg, const std::vector<MeshChoice>& choices, double gpu_bytes);
+
+}  // namespace vidit

@@ -1,0 +1,143 @@
+// The device rule of the collectives (staging_comm.h) and the one code path of a one-process
+// launch over a real engine, under real launchers:
+//  - 2 MPI ranks hand the world communicator tensors the engine cannot take as they are
+//    (non-contiguous views: transposes, column slices) to every collective; results land in the
+//    caller's tensors, views of their storage included;
+//  - one process started by mpirun (VIDIT_COMM=mpi) or torchrun (VIDIT_COMM=gloo; on a GPU
+//    machine VIDIT_COMM=nccl with CUDA weights and CPU control-plane scalars) trains through an
+//    engine of one member, with the data-parallel bucket reduction applied, and gives the losses
+//    and weights of the plain one-process run.
+#include "parallel/staging_comm.h"
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include "../../tests/test_util.h"
+#include "model/state_dict.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mpi_test_util.h"
+#include "train/trainer.h"
+
+namespace vidit {
+namespace {
+
+TEST(MpiWorker, CollectivesTakeNonContiguousTensors) {
+  VIDIT_MPI_WORKER_ONLY();
+  auto c = make_world_comm(detect_launch_env());
+  const int r = c->rank(), n = c->size();
+  ASSERT_EQ(n, 2);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  // all_reduce in place through a transposed view: the base tensor sees the sum.
+  at::Tensor base = at::arange(6, f64).view({2, 3}) * (r + 1);
+  at::Tensor view = base.t();
+  ASSERT_FALSE(view.is_contiguous());
+  c->all_reduce(view, ReduceOp::Sum)->wait();
+  EXPECT_TRUE(at::equal(base, at::arange(6, f64).view({2, 3}) * 3));
+  // all_gather from a column slice into a transposed output.
+  at::Tensor src = at::arange(12, f64).view({3, 4}) + 100 * r;
+  at::Tensor in = src.narrow(1, 1, 2);  // [3, 2], strided
+  at::Tensor out_base = at::zeros({2, 6}, f64), out = out_base.t();  // [6, 2], strided
+  c->all_gather(in, out)->wait();
+  at::Tensor want = at::cat({(at::arange(12, f64).view({3, 4})).narrow(1, 1, 2),
+                             (at::arange(12, f64).view({3, 4}) + 100).narrow(1, 1, 2)});
+  EXPECT_TRUE(at::equal(out_base.t(), want));
+  // reduce_scatter and all_to_all into strided outputs.
+  at::Tensor rs_in = at::ones({4, 2}, f64).t().contiguous().t() * (r + 1);  // [4, 2] column-major
+  at::Tensor rs_base = at::zeros({2, 2}, f64), rs_out = rs_base.t();
+  c->reduce_scatter(rs_in, rs_out, ReduceOp::Sum)->wait();
+  EXPECT_TRUE(at::equal(rs_base, at::full({2, 2}, 3.0, f64)));
+  at::Tensor a2a_in = (at::arange(4, f64) + 10 * r).view({4, 1});
+  at::Tensor a2a_base = at::zeros({1, 4}, f64), a2a_out = a2a_base.t();
+  c->all_to_all(a2a_in, a2a_out)->wait();
+  // Block j of the output came from member j: rows 2j, 2j + 1 of its input's block r.
+  EXPECT_TRUE(at::equal(a2a_base.flatten(), at::tensor({2.0 * r, 2.0 * r + 1, 10 + 2.0 * r, 11 + 2.0 * r}, f64)));
+  // broadcast into a column slice; send / recv of strided tensors.
+  at::Tensor b_base = at::zeros({3, 3}, f64);
+  at::Tensor b = b_base.narrow(1, 1, 1);
+  if (r == 0) b.fill_(7);
+  c->broadcast(b, 0)->wait();
+  EXPECT_EQ(b_base.sum().item<double>(), 21.0);
+  EXPECT_EQ(b_base.narrow(1, 0, 1).abs().sum().item<double>(), 0.0);
+  at::Tensor p_base = at::zeros({2, 4}, f64), p = p_base.narrow(1, 2, 2);
+  if (r == 0) {
+    p.copy_(at::full({2, 2}, 5.0, f64));
+    c->send(p, 1, 3)->wait();
+  } else {
+    c->recv(p, 0, 3)->wait();
+    EXPECT_TRUE(at::equal(p_base, at::cat({at::zeros({2, 2}, f64), at::full({2, 2}, 5.0, f64)}, 1)));
+  }
+  c->barrier();
+  if (HasFailure()) abort_world(1);
+}
+
+TEST(Mpi, CollectivesTakeNonContiguousTensors) {
+  VIDIT_REQUIRE_MPI();
+  test::expect_workers_passed(test::mpirun_worker(2, "MpiWorker.CollectivesTakeNonContiguousTensors"), 2);
+}
+
+// One process over the engine VIDIT_COMM names, on VIDIT_TEST_DEVICE (cpu or cuda), against the
+// plain run in this process.
+TEST(MpiWorker, OneProcessOverAnEngineTrainsLikeThePlainRun) {
+  VIDIT_MPI_WORKER_ONLY();
+  const std::string device_name = std::getenv("VIDIT_TEST_DEVICE") ? std::getenv("VIDIT_TEST_DEVICE") : "cpu";
+  const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  test::ScratchDir dir("one_engine");
+  Config cfg = test::tiny_config({"train.steps=6", "train.warmup_steps=2", "train.batch_size=4",
+                                  "train.grad_accum=2", "train.out_dir=" + dir.path() + "/engine"});
+  auto world = make_world_comm(detect_launch_env(), device.type());
+  ASSERT_EQ(world->size(), 1);
+  ASSERT_EQ(world->backend(), std::getenv("VIDIT_COMM"));
+  auto data = std::make_shared<SyntheticDataset>(cfg, 32, 11);
+  auto null_text = at::zeros({cfg.model.text_len, cfg.model.text_dim});
+  Trainer engine(cfg, data, null_text, device, std::make_shared<Mesh>(cfg, world));
+  ASSERT_NE(engine.parallel_model().find<DataParallel>(), nullptr) << "the bucket reduction runs at degree 1";
+  std::vector<double> losses = engine.fit(-1, false);
+  const CommTimes times = engine.mesh().comm_times();
+  EXPECT_GT(times.by_op.at("all_reduce").calls, 0);   // totals, batch shares, buckets, norm
+  EXPECT_GT(times.by_op.at("all_gather").calls, 0);   // slowest rank, RNG streams at the save
+
+  Config one = cfg;
+  one.train.out_dir = dir.path() + "/plain";
+  Trainer plain(one, data, null_text, device);
+  EXPECT_EQ(plain.mesh().world()->backend(), "single");
+  const std::vector<double> want = plain.fit(-1, false);
+  test::expect_losses(losses, want);
+  TensorMap a = state_dict(*engine.model()), b = state_dict(*plain.model());
+  for (auto& [k, t] : a) t = t.cpu();
+  for (auto& [k, t] : b) t = t.cpu();
+  test::expect_params(a, b, cfg.train.lr);
+  if (device.is_cpu()) {
+    // On the CPU the reductions over one member are exact: the runs agree bit for bit.
+    for (const auto& [name, t] : b) EXPECT_TRUE(at::equal(a.at(name), t)) << name;
+  }
+  std::printf("one process over %s on %s: final loss %.9g (plain %.9g)\n", world->backend().c_str(),
+              device_name.c_str(), losses.back(), want.back());
+}
+
+TEST(Mpi, OneProcessOverMpiTrainsLikeThePlainRun) {
+  VIDIT_REQUIRE_MPI();
+  test::expect_workers_passed(
+      test::mpirun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun", "VIDIT_COMM=mpi"), 1);
+}
+
+TEST(Torchrun, OneProcessOverGlooTrainsLikeThePlainRun) {
+  std::string why;
+  if (test::torchrun_launcher(&why, "gloo").empty()) GTEST_SKIP() << why;
+  test::expect_workers_passed(
+      test::torchrun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun", "VIDIT_COMM=gloo"), 1);
+}
+
+// GPU machines (bench/gpu/run.sh): the multi-GPU code path on one GPU, NCCL with CUDA weights
+// and CPU scalars staged through the GPU.
+TEST(Torchrun, OneGpuOverNcclTrainsLikeThePlainRun) {
+  std::string why;
+  if (test::torchrun_launcher(&why, "nccl").empty()) GTEST_SKIP() << why;
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  test::expect_workers_passed(
+      test::torchrun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun",
+                            "VIDIT_COMM=nccl VIDIT_TEST_DEVICE=cuda VIDIT_COMM_TIMEOUT_S=120", 300, "nccl"),
+      1);
+}
+
+}  // namespace
+}  // namespace vidit

@@ -1,0 +1,62 @@
+// A communicator that measures how long its caller is blocked in each collective: the time from
+// entering a Work's wait() to its return, summed by collective name over every group split from
+// it. That is the communication a step did not hide behind compute ("exposed"); a collective
+// issued early (the FSDP prefetch, ring attention's next K/V hop, data-parallel buckets) and
+// done by the time it is waited for costs nothing here. The Mesh wraps the world communicator in
+// one, so every parallelism is measured; the trainer logs the exposed time per step.
+//
+// With the trace on (core/trace.h), each collective is also recorded as an asynchronous slice
+// from issue to the end of its wait, and each wait as a slice on the waiting thread.
+//
+// On CPU engines wait() blocks the thread until the data has arrived. On NCCL it only orders the
+// current CUDA stream after the collective, so the figure there is host-side time, not GPU time.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "parallel/comm.h"
+
+namespace vidit {
+
+struct CommTimes {
+  struct Entry {
+    int64_t calls = 0;
+    double wait_s = 0;  // blocked in wait()
+    double bytes = 0;   // tensor bytes handed to the collective (output for all-gather)
+  };
+  std::map<std::string, Entry> by_op;
+  double wait_s() const;  // over every collective
+};
+
+class TimedComm : public ForwardingComm {
+ public:
+  explicit TimedComm(std::shared_ptr<Comm> inner);
+
+  // A copy of the totals since construction or the last reset (shared with every split).
+  CommTimes times() const;
+  void reset();
+
+  WorkPtr all_reduce(at::Tensor& t, ReduceOp op) override;
+  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out) override;
+  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override;
+  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out) override;
+  WorkPtr broadcast(at::Tensor& t, int root) override;
+  WorkPtr send(const at::Tensor& t, int dst, int tag) override;
+  WorkPtr recv(at::Tensor& t, int src, int tag) override;
+  void barrier() override;
+  std::shared_ptr<Comm> split(int color, int key) override;
+
+  struct Shared {
+    std::mutex mu;
+    CommTimes times;
+  };
+
+ private:
+  TimedComm(std::shared_ptr<Comm> inner, std::shared_ptr<Shared> shared);
+  WorkPtr timed(const char* op, double bytes, WorkPtr work, double issued_us);
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace vidit

@@ -1,0 +1,179 @@
+#include "prepare/manifest.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace vidit {
+namespace fs = std::filesystem;
+namespace {
+
+std::string resolve(const std::string& p, const fs::path& base) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  return (base / p).lexically_normal().string();
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\r' || s.back() == '\n' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
+  size_t i = s.find_first_not_of(" \t");
+  return i == std::string::npos ? std::string() : s.substr(i);
+}
+
+// Adds `e` or records why it cannot be used.
+void check_and_add(ManifestEntry e, Manifest& m) {
+  std::string why;
+  if (e.path.empty()) why = "no video path";
+  else if (trim(e.caption).empty() && e.text_embedding.empty()) why = "no caption and no text_embedding";
+  else if (e.start >= 0 && e.end >= 0 && e.end <= e.start) why = "end (" + std::to_string(e.end) + " s) is not after start (" + std::to_string(e.start) + " s)";
+  if (why.empty()) m.entries.push_back(std::move(e));
+  else m.rejected.push_back({e.where, why});
+}
+
+// Splits one CSV record (RFC 4180 quoting; the record is on one line).
+bool split_csv(const std::string& line, std::vector<std::string>& out) {
+  out.clear();
+  std::string cur;
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') cur += '"', ++i;
+      else if (c == '"') quoted = false;
+      else cur += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.push_back(cur), cur.clear();
+    } else if (c != '\r') {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return !quoted;
+}
+
+double parse_seconds(const std::string& s, bool& ok) {
+  if (trim(s).empty()) return -1;
+  try {
+    size_t used = 0;
+    double v = std::stod(s, &used);
+    ok = ok && trim(s.substr(used)).empty() && v >= 0;
+    return v;
+  } catch (...) {
+    ok = false;
+    return -1;
+  }
+}
+
+void read_jsonl(const std::string& path, Manifest& m) {
+  std::ifstream in(path);
+  const fs::path base = fs::path(path).parent_path();
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (trim(line).empty()) continue;
+    ManifestEntry e;
+    e.where = path + ":" + std::to_string(n);
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (!j.is_object()) throw std::runtime_error("not a JSON object");
+      e.path = resolve(j.value("path", std::string()), base);
+      e.caption = j.value("caption", std::string());
+      e.start = j.contains("start") && !j["start"].is_null() ? j["start"].get<double>() : -1;
+      e.end = j.contains("end") && !j["end"].is_null() ? j["end"].get<double>() : -1;
+      e.text_embedding = resolve(j.value("text_embedding", std::string()), base);
+      if ((e.start < 0 && e.start != -1) || (e.end < 0 && e.end != -1))
+        throw std::runtime_error("start and end must be >= 0 seconds");
+    } catch (const std::exception& ex) {
+      m.rejected.push_back({e.where, std::string("bad manifest line: ") + ex.what()});
+      continue;
+    }
+    check_and_add(std::move(e), m);
+  }
+}
+
+void read_csv(const std::string& path, Manifest& m) {
+  std::ifstream in(path);
+  const fs::path base = fs::path(path).parent_path();
+  std::string line;
+  std::vector<std::string> f;
+  VIDIT_CHECK(std::getline(in, line) && split_csv(line, f), "manifest '", path,
+              "' has no CSV header row; the first line must name the columns, e.g. path,caption,start,end");
+  std::map<std::string, size_t> col;
+  for (size_t i = 0; i < f.size(); ++i) col[trim(f[i])] = i;
+  VIDIT_CHECK(col.count("path") && (col.count("caption") || col.count("text_embedding")), "manifest '", path,
+              "': the CSV header must have a 'path' column and a 'caption' (or 'text_embedding') column; it has: ", line);
+  auto field = [&](const char* name) { return col.count(name) && col[name] < f.size() ? f[col[name]] : std::string(); };
+  for (int64_t n = 2; std::getline(in, line); ++n) {
+    if (trim(line).empty()) continue;
+    ManifestEntry e;
+    e.where = path + ":" + std::to_string(n);
+    if (!split_csv(line, f)) {
+      m.rejected.push_back({e.where, "unterminated quote (records must be on one line)"});
+      continue;
+    }
+    bool ok = true;
+    e.path = resolve(trim(field("path")), base);
+    e.caption = field("caption");
+    e.start = parse_seconds(field("start"), ok);
+    e.end = parse_seconds(field("end"), ok);
+    e.text_embedding = resolve(trim(field("text_embedding")), base);
+    if (!ok) {
+      m.rejected.push_back({e.where, "start / end must be non-negative numbers of seconds"});
+      continue;
+    }
+    check_and_add(std::move(e), m);
+  }
+}
+
+void read_folder(const std::string& dir, Manifest& m) {
+  static const std::vector<std::string> exts = {".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v"};
+  std::vector<fs::path> videos;
+  for (const auto& it : fs::recursive_directory_iterator(dir)) {
+    if (!it.is_regular_file()) continue;
+    std::string ext = it.path().extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    if (std::find(exts.begin(), exts.end(), ext) != exts.end()) videos.push_back(it.path());
+  }
+  std::sort(videos.begin(), videos.end());
+  for (const auto& v : videos) {
+    ManifestEntry e;
+    e.path = v.string();
+    fs::path side = v;
+    side.replace_extension(".txt");
+    e.where = side.string();
+    std::ifstream in(side);
+    if (!in) {
+      m.rejected.push_back({v.string(), "no caption file " + side.string()});
+      continue;
+    }
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    e.caption = trim(text);
+    check_and_add(std::move(e), m);
+  }
+}
+
+}  // namespace
+
+Manifest read_manifest(const std::string& path) {
+  Manifest m;
+  VIDIT_CHECK(fs::exists(path), "manifest '", path, "' does not exist");
+  if (fs::is_directory(path)) {
+    read_folder(path, m);
+    return m;
+  }
+  std::ifstream probe(path);
+  VIDIT_CHECK(probe, "cannot read manifest '", path, "': ", std::strerror(errno));
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".csv") read_csv(path, m);
+  else if (ext == ".jsonl" || ext == ".json") read_jsonl(path, m);
+  else fail("manifest '", path, "': unknown format; use a .jsonl or .csv file, or a folder of videos with .txt captions");
+  return m;
+}
+
+}  // namespace vidit

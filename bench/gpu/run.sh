@@ -154,6 +154,10 @@ else
 fi
 
 # ---- tests --------------------------------------------------------------------------------
+# The CUDA kernels against their CPU references, the model on CUDA against the CPU, the NCCL
+# engine (CUDA and staged CPU tensors), and the multi-GPU code path on one GPU: one torchrun
+# process over NCCL with the mesh, layouts and gradient reduction of a cluster run, against the
+# plain one-process run (Torchrun.OneGpuOverNcclTrainsLikeThePlainRun).
 FILTER='LayerNormModulate*:*Cuda*:*Gpu*'
 if [[ -x "$BUILD/vidit_tests" ]]; then
   say "vidit_tests --gtest_filter='$FILTER' -> $LOGS/tests.log"

@@ -27,6 +27,14 @@ TEST(DiT, ForwardShapesAndParameterCount) {
     DiT m(c.model);
     m->init_weights();
     EXPECT_EQ(module_params(*m), count_parameters(c.model));
+    // The analytic list (what vidit plan lays out) is the model's own, name, shape and order.
+    const auto shapes = parameter_shapes(c.model);
+    const auto named = m->named_parameters(true);
+    ASSERT_EQ(shapes.size(), named.size());
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(shapes[i].first, named[i].key());
+      EXPECT_EQ(shapes[i].second, named[i].value().sizes().vec()) << shapes[i].first;
+    }
     at::Tensor x = at::randn({3, 4, 2, 4, 6}), t = at::tensor({0.f, 500.f, 999.f}), text = at::randn({3, 3, 8});
     EXPECT_EQ(m->forward(x, t, text).sizes(), x.sizes());
   }

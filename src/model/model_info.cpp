@@ -5,22 +5,59 @@
 
 namespace vidit {
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& m) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  const int64_t d = m.dim, p = m.patch[0] * m.patch[1] * m.patch[2];
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.emplace_back(name, std::move(shape)); };
+  auto linear = [&](const std::string& name, int64_t in, int64_t n_out) {
+    add(name + ".weight", {n_out, in});
+    add(name + ".bias", {n_out});
+  };
+  add("patch_embedding.weight", {d, m.in_channels, m.patch[0], m.patch[1], m.patch[2]});
+  add("patch_embedding.bias", {d});
+  linear("text_embedding.0", m.text_dim, d);
+  linear("text_embedding.2", d, d);
+  linear("time_embedding.0", m.freq_dim, d);
+  linear("time_embedding.2", d, d);
+  linear("time_projection.1", d, 6 * d);
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    add(b + "modulation", {1, 6, d});  // a module's own parameters come before its children's
+    for (const char* attn : {"self_attn", "cross_attn"}) {
+      for (const char* proj : {"q", "k", "v", "o"}) linear(b + attn + "." + proj, d, d);
+      add(b + attn + ".norm_q.weight", {d});
+      add(b + attn + ".norm_k.weight", {d});
+    }
+    add(b + "norm3.weight", {d});
+    add(b + "norm3.bias", {d});
+    linear(b + "ffn.0", d, m.ffn_dim);
+    linear(b + "ffn.2", m.ffn_dim, d);
+  }
+  add("head.modulation", {1, 2, d});
+  linear("head.head", d, m.out_channels * p);
+  return out;
+}
+
+namespace {
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+}  // namespace
+
 int64_t count_block_parameters(const ModelConfig& m) {
-  const int64_t d = m.dim;
-  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
-  const int64_t attn = 4 * linear(d, d) + 2 * d;  // q, k, v, o, norm_q, norm_k
-  return 2 * attn + 2 * d /*norm3*/ + linear(d, m.ffn_dim) + linear(m.ffn_dim, d) + 6 * d /*modulation*/;
+  ModelConfig one = m;
+  one.layers = 1;
+  int64_t n = 0;
+  for (const auto& [name, shape] : parameter_shapes(one))
+    if (name.rfind("blocks.", 0) == 0) n += numel_of(shape);
+  return n;
 }
 
 int64_t count_parameters(const ModelConfig& m) {
-  const int64_t d = m.dim, p = m.patch[0] * m.patch[1] * m.patch[2];
-  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
-  int64_t n = m.in_channels * p * d + d;                        // patch_embedding
-  n += linear(m.text_dim, d) + linear(d, d);                    // text_embedding.{0,2}
-  n += linear(m.freq_dim, d) + linear(d, d);                    // time_embedding.{0,2}
-  n += linear(d, 6 * d);                                        // time_projection.1
-  n += m.layers * count_block_parameters(m);
-  n += linear(d, m.out_channels * p) + 2 * d;                   // head.head, head.modulation
+  int64_t n = 0;
+  for (const auto& [name, shape] : parameter_shapes(m)) n += numel_of(shape);
   return n;
 }
 

@@ -14,6 +14,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.h"
 
@@ -30,6 +32,10 @@ struct ModelInfo {
   double ema_bytes = 0;           // EMA copy (fp32) when enabled
 };
 
+// Every parameter's name (the official Wan 2.1 keys, as DiT registers them) and shape, in
+// registration order: what `vidit plan` lays out without building the model. A test checks it
+// against DiT's own parameters.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& m);
 int64_t count_parameters(const ModelConfig& m);
 int64_t count_block_parameters(const ModelConfig& m);  // one DiT block
 ModelInfo model_info(const Config& c);

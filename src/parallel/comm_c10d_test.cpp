@@ -82,6 +82,14 @@ TEST(MpiWorker, NcclCollectivesOnOneGpu) {
   at::Tensor b = at::full({3}, 5.0f, cuda);
   c->broadcast(b, 0)->wait();
   EXPECT_TRUE(at::equal(b.cpu(), at::full({3}, 5.0f)));
+  // CPU tensors (the step's control-plane scalars) are staged through the GPU (staging_comm.h).
+  at::Tensor totals = at::tensor({1.5, 2.0, 3.0}, at::kDouble);
+  c->all_reduce(totals, ReduceOp::Sum)->wait();
+  EXPECT_TRUE(totals.is_cpu());
+  EXPECT_TRUE(at::equal(totals, at::tensor({1.5, 2.0, 3.0}, at::kDouble)));
+  at::Tensor state = at::arange(5, at::kInt), states = at::zeros({5}, at::kInt);
+  c->all_gather(state, states)->wait();
+  EXPECT_TRUE(at::equal(states, at::arange(5, at::kInt)));
   c->barrier();
 }
 

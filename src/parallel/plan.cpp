@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "parallel/mesh.h"
 #include "model/model_info.h"
+#include "parallel/parallelize.h"
 
 namespace vidit {
 
@@ -24,12 +25,27 @@ StepPlan plan_step(const Config& cfg) {
                T = double(p.tensor), dp = R * S, sp = u * r;
   plan.world = p.replicate * p.shard * p.ulysses * p.ring * p.tensor;
   plan.params = count_parameters(m);
-  const double d = double(m.dim), f = double(m.ffn_dim);
-  // Tensor parallel keeps 1/T of each block's q, k, v, QK norms and o (both attentions) and MLP.
-  const double split = 2 * (3 * (d * d + d) + 2 * d + d * d) + (d * f + f) + f * d;
-  const double block = double(count_block_parameters(m)) - split * (1 - 1 / T),
-               root = double(plan.params) - double(m.layers) * double(count_block_parameters(m)),
-               P = root + double(m.layers) * block;  // parameters per rank before FSDP
+  const double d = double(m.dim);
+  // Each rank's part of every parameter, from the layouts parallelize() gives them: P_T (what a
+  // rank holds before FSDP: tensor-parallel parts), and what it keeps (FSDP shards, padded).
+  TensorMap whole;
+  for (const auto& [name, shape] : parameter_shapes(m))
+    whole[name] = at::empty(shape, at::TensorOptions().device(at::kMeta));
+  double P = 0, kept = 0, root = 0, block = 0;
+  for (const auto& [name, l] : planned_layouts(whole, p)) {
+    size_t unflattened = 0;
+    while (unflattened < l.cuts.size() && l.cuts[unflattened].kind != Cut::Kind::Flat) ++unflattened;
+    auto numel = [](const std::vector<int64_t>& shape) {
+      double n = 1;
+      for (int64_t x : shape) n *= double(x);
+      return n;
+    };
+    const double part = numel(l.shape_after(unflattened));
+    P += part;
+    kept += numel(l.local_shape());
+    if (name.rfind("blocks.0.", 0) == 0) block += part;
+    else if (name.rfind("blocks.", 0) != 0) root += part;
+  }
   const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
   const double L = double(tokens_per_sample(cfg)), Lc = L / sp, Lt = double(m.text_len);
   const double patch = double(m.patch[0] * m.patch[1] * m.patch[2]);
@@ -44,11 +60,10 @@ StepPlan plan_step(const Config& cfg) {
   auto spread = [](double n, double bytes) { return n > 1 ? (n - 1) / n * bytes : 0.0; };  // gather / scatter / a2a
 
   // Memory.
-  const double shard = p.shard > 1 ? S : 1;
-  plan.weights = 4 * P / shard;
-  plan.grads = 4 * P / shard;
-  plan.optimizer = 8 * P / shard;
-  plan.ema = cfg.train.ema_decay > 0 ? 4 * P / shard : 0;
+  plan.weights = 4 * kept;
+  plan.grads = 4 * kept;
+  plan.optimizer = 8 * kept;
+  plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;
   plan.gathered = p.shard > 1 ? 4 * (root + std::min<double>(2, m.layers) * block) : 0;
   // Recomputed blocks (train.recompute_blocks) keep their input only, and one of them at a time
   // holds its full activations again during its backward.

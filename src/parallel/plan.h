@@ -32,8 +32,10 @@
 //                   tensor; tensor parallel alone 1 over tensor).
 // Exact for fp32 training; with bf16 the activation exchanges move fewer bytes than stated.
 //
-// Memory per rank: fp32 weights, gradients, AdamW moments and EMA of the rank's part (the split
-// block parameters divided by the tensor degree), divided by the shard degree under FSDP, plus the largest gathered units (root and two blocks); activations are an
+// Memory per rank: fp32 weights, gradients, AdamW moments and EMA of what the rank keeps of every
+// parameter, read from the layouts parallelize() gives them (planned_layouts: tensor-parallel
+// parts, then FSDP's padded shards), plus the largest gathered units (root and two blocks, as
+// each rank holds them before FSDP); activations are an
 // estimate, (18 d + 2 ffn) x 4 bytes per local token per block (what a block saves for
 // backward), not a measurement; a recomputed block (train.recompute_blocks) keeps d x 4 bytes
 // per token, plus one block's full set while it is recomputed, and runs its forward

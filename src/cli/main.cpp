@@ -66,14 +66,14 @@ int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib) {
 
 // train.device: the GPU of this process's local rank when asked for, or (auto) when one is present.
 at::Device train_device(const Config& cfg, const LaunchEnv& env) {
-  const std::string& want = cfg.train.device;
-  if (want == "cpu" || (want == "auto" && !torch::cuda::is_available())) return at::kCPU;
+  const DeviceChoice want = cfg.train.device;
+  if (want == DeviceChoice::cpu || (want == DeviceChoice::automatic && !torch::cuda::is_available())) return at::kCPU;
   VIDIT_CHECK(torch::cuda::is_available(), "train.device = \"cuda\" but this torch sees no GPU (a CPU build, or no "
               "driver); set train.device = \"cpu\" or build against a CUDA torch");
   const int64_t gpus = int64_t(torch::cuda::device_count());
-  VIDIT_CHECK(env.local_rank < gpus, "rank ", env.rank, " has local rank ", env.local_rank, " but this node has ",
-              gpus, " GPUs; start one process per GPU");
-  return at::Device(at::kCUDA, int8_t(env.local_rank));
+  VIDIT_CHECK(env.local_rank < gpus || gpus == 1, "rank ", env.rank, " has local rank ", env.local_rank,
+              " but this node shows it ", gpus, " GPUs; start one process per GPU (or make one GPU visible to each)");
+  return at::Device(at::kCUDA, int8_t(process_gpu(env, int(gpus))));
 }
 
 int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
@@ -96,11 +96,11 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
                   mesh->degree("sp"), mesh->degree("ulysses"), mesh->degree("ring"), mesh->degree("tensor"));
   }
   std::shared_ptr<BatchSource> data;
-  if (cfg.data.source == "demo") {
+  if (cfg.data.source == DataSource::demo) {
     // Each rank renders the (deterministic) demo videos and caches them in its own folder.
     const std::string dir = lead ? cfg.train.out_dir : cfg.train.out_dir + "/rank" + std::to_string(mesh->rank());
     data = demo::prepare_demo_data(cfg, dir, dp_rank, dp).loader;
-  } else if (cfg.data.source == "cache") {
+  } else if (cfg.data.source == DataSource::cache) {
     auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
     auto loader = std::make_shared<CacheLoader>(cache, cfg, dp_rank, dp);
     if (lead)
@@ -137,7 +137,7 @@ int cmd_sample(const CommonOpts& o, std::string checkpoint, const std::vector<st
   DiT model(cfg.model);
   const bool ema = use_ema && !s.ema.empty();
   load_state_dict(*model, ema ? s.ema : s.model, checkpoint + (ema ? "/ema.safetensors" : "/model.safetensors"));
-  VIDIT_CHECK(cfg.data.source == "demo", "vidit sample: text prompts need the demo's caption embedder "
+  VIDIT_CHECK(cfg.data.source == DataSource::demo, "vidit sample: text prompts need the demo's caption embedder "
               "(data.source = \"demo\"); precomputed text embeddings come with the data pipeline");
   VIDIT_CHECK(!prompts.empty(), "vidit sample: give at least one --prompt \"a red square moving left\"");
   auto clips = demo::sample_captions(model, cfg, prompts, cfg.sample.seed);
@@ -179,7 +179,7 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
   auto [w, n] = prepare_slice(worker, workers);
   CaptionEncoder captions = make_caption_encoder(cfg);
   std::printf("vidit prepare: %s -> %s (worker %d of %d, codec %s)\n", cfg.data.manifest.c_str(),
-              cfg.data.cache_dir.c_str(), w, n, cfg.data.codec.c_str());
+              cfg.data.cache_dir.c_str(), w, n, name_of(cfg.data.codec).c_str());
   std::fflush(stdout);
   PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n);
   std::printf("prepared %lld of %lld entries in %.1f s: %lld written, %lld already cached, %lld rejected "
@@ -230,6 +230,7 @@ int main(int argc, char** argv) {
   add_common(plan, o);
   plan->add_option("--world", plan_world, "list every mesh of this many ranks (fewest bytes sent first)");
   plan->add_option("--gpu-memory", gpu_gib, "GiB per GPU: mark the meshes whose memory per rank fits");
+  auto* keys = app.add_subcommand("keys", "every configuration key with its type, default and doc (Markdown)");
   auto* train = app.add_subcommand("train", "train a model");
   add_common(train, o);
   train->add_flag("--resume", resume, "continue from the latest checkpoint in train.out_dir");
@@ -255,6 +256,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (info->parsed()) return cmd_info(o);
+    if (keys->parsed()) return std::printf("%s", config_reference().c_str()) < 0;
     if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib);
     if (train->parsed()) return cmd_train(o, resume, max_steps);
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);

@@ -1,143 +1,209 @@
 // Typed configuration for every part of vidit. The defaults are the embedded demo (a tiny DiT
 // on the demo codec's latents), so `vidit demo` needs no file.
-//, read from TOML with `--set key=value`
-// overrides. Unknown keys (with the closest valid key suggested), wrong types and impossible
-// shapes are refused by load_config() before any work starts.
+//
+// Each key is declared once, below, in its section's list: type, name, default, check and a
+// one-line doc. Everything else is derived from that line (config.cpp): the struct field,
+// reading it from TOML (type-checked), `--set section.key=value` overrides, refusing unknown keys
+// with the closest known one suggested, the check, writing the resolved config with toml++'s own
+// serializer, and the reference `vidit keys` prints (docs/CONFIG.md). Choices from a fixed set
+// are enums, checked when the file is read. Relations between keys (dim divisible by heads, the
+// demo codec's shapes, ...) are checked by validate_config().
 #pragma once
 #include <array>
 #include <cstdint>
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace vidit {
 
-struct ModelConfig {
-  int64_t dim = 128;            // hidden size of every block
-  int64_t ffn_dim = 256;        // MLP hidden size
-  int64_t heads = 4;            // attention heads; dim % heads == 0, head_dim even
-  int64_t layers = 4;           // number of DiT blocks
-  int64_t in_channels = 12;     // latent channels in (demo codec: 3*2*2)
-  int64_t out_channels = 12;    // latent channels predicted
-  std::array<int64_t, 3> patch{2, 2, 2};  // (t, h, w) patch of the Conv3d embedding
-  int64_t text_dim = 32;        // width of the text embeddings fed in (umT5: 4096)
-  int64_t text_len = 8;         // text tokens; shorter captions are zero-padded (Wan: 512)
-  int64_t freq_dim = 256;       // sinusoidal timestep embedding width
-  double eps = 1e-6;            // LayerNorm / RMSNorm epsilon
-  double rope_theta = 100.0;    // RoPE base (Wan: 10000; the demo's 4x4x6 grid wants faster angles)
-};
+// ---- choices ----------------------------------------------------------------------------------
+// Each enum's TOML spellings, in the order of its values (EnumNames<E>::names): the enumerators'
+// names, except `automatic`, spelled "auto" (a C++ keyword).
+template <class E>
+struct EnumNames;
+std::vector<std::string> enum_spellings(std::string_view enumerators);  // "a, b, c" -> {"a", "b", "c"}
 
-struct DataConfig {
-  // "demo" (generated shape videos), "synthetic" (random latents) or "cache" (a latent cache
-  // written by `vidit prepare`, read with bucketed token-budget batches).
-  std::string source = "demo";
-  // Latent size of one training sample (frames, height, width), after the VAE / demo codec.
-  // With source = "cache" the buckets decide the shapes and these only size `vidit info`.
-  int64_t latent_frames = 6;
-  int64_t latent_height = 8;
-  int64_t latent_width = 8;
-  // --- vidit prepare: manifest -> decode -> bucket -> latents -> cache ---
-  std::string manifest;              // .jsonl / .csv manifest, or a folder of videos + .txt captions
-  std::string cache_dir;             // where the latent cache is written and read
-  std::string codec = "demo";        // "demo" (lossless space-to-depth) or "wan_vae"
-  std::string vae_weights;           // Wan 2.1 VAE safetensors (codec = "wan_vae")
-  std::string text_encoder = "demo"; // "demo" (built-in caption embedder) or "precomputed" (manifest files)
-  std::string decoder = "auto";      // "auto" (NVDEC when a GPU is there, else CPU), "cpu", "nvdec"
-  double fps = 0;                    // resample clips to this frame rate; 0 keeps the source rate
-  int64_t decode_threads = 0;        // FFmpeg decode threads per clip; 0 = auto
-  bool square_pixels = true;         // stretch non-square-pixel (anamorphic) video to square pixels
-  std::string encode_device = "auto";  // where the VAE encodes: "auto" (CUDA when present), "cpu", "cuda"
-  int64_t shard_mb = 1024;           // cache shard size
-  std::string cache_dtype = "bf16";  // storage of latent mean / std: "bf16" or "fp32"
-  // --- loading the cache ---
-  int64_t token_budget = 0;          // tokens per batch per rank; 0 = batch_size x tokens of data.latent_*
-  int64_t loader_threads = 2;        // background threads assembling batches
-  int64_t prefetch = 4;              // batches prepared ahead
-};
+#define VIDIT_CONFIG_ENUM(Name, ...)                                            \
+  enum class Name { __VA_ARGS__ };                                              \
+  template <>                                                                   \
+  struct EnumNames<Name> {                                                      \
+    static const std::vector<std::string>& names() {                            \
+      static const std::vector<std::string> n = enum_spellings(#__VA_ARGS__);   \
+      return n;                                                                 \
+    }                                                                           \
+  };
 
-// Bucket shapes (see src/prepare/buckets.h): resolution tiers x aspect ratios x frame counts, in
+// data.source: generated shape videos, random latents, or a latent cache (`vidit prepare`).
+VIDIT_CONFIG_ENUM(DataSource, demo, synthetic, cache)
+// data.codec: the lossless demo codec, or the Wan 2.1 VAE.
+VIDIT_CONFIG_ENUM(Codec, demo, wan_vae)
+// data.text_encoder: the built-in caption embedder, or files the manifest names.
+VIDIT_CONFIG_ENUM(TextEncoder, demo, precomputed)
+// data.decoder: NVDEC when a GPU is there (else software), software, or NVDEC.
+VIDIT_CONFIG_ENUM(Decoder, automatic, cpu, nvdec)
+// train.device, data.encode_device: CUDA when present (else the CPU), the CPU, or CUDA.
+VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
+// train.precision, parallel.reduce_dtype, data.cache_dtype.
+VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
+// train.schedule after warm-up.
+VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
+// diffusion.timestep_sampling of sigma.
+VIDIT_CONFIG_ENUM(TimestepSampling, uniform, logit_normal)
+#undef VIDIT_CONFIG_ENUM
+
+// The spelling of an enum value ("auto" for `automatic`), and the value of a spelling.
+template <class E>
+const std::string& name_of(E e) {
+  return EnumNames<E>::names()[size_t(e)];
+}
+template <class E>
+std::ostream& operator<<(std::ostream& os, E e)
+  requires requires { EnumNames<E>::names(); }
+{
+  return os << name_of(e);
+}
+
+using Patch = std::array<int64_t, 3>;
+using IntList = std::vector<int64_t>;
+using NumList = std::vector<double>;
+
+// ---- the keys ---------------------------------------------------------------------------------
+// KEY(type, name, default, check, doc). Checks: any, positive, non_negative, fraction ([0, 1]),
+// below_one ([0, 1)), block_count (>= -1), even_positive.
+
+#define VIDIT_MODEL_KEYS(KEY)                                                                          \
+  KEY(int64_t, dim, 128, positive, "hidden size of every block")                                       \
+  KEY(int64_t, ffn_dim, 256, positive, "MLP hidden size")                                              \
+  KEY(int64_t, heads, 4, positive, "attention heads; dim % heads == 0, head_dim even")                 \
+  KEY(int64_t, layers, 4, positive, "number of DiT blocks")                                            \
+  KEY(int64_t, in_channels, 12, positive, "latent channels in (demo codec: 3*2*2)")                    \
+  KEY(int64_t, out_channels, 12, positive, "latent channels predicted")                                \
+  KEY(Patch, patch, (Patch{2, 2, 2}), positive, "(t, h, w) patch of the Conv3d embedding")             \
+  KEY(int64_t, text_dim, 32, positive, "width of the text embeddings fed in (umT5: 4096)")             \
+  KEY(int64_t, text_len, 8, positive, "text tokens; shorter captions are zero-padded (Wan: 512)")      \
+  KEY(int64_t, freq_dim, 256, even_positive, "sinusoidal timestep embedding width")                    \
+  KEY(double, eps, 1e-6, positive, "LayerNorm / RMSNorm epsilon")                                      \
+  KEY(double, rope_theta, 100.0, positive, "RoPE base (Wan: 10000; the demo's small grid wants faster angles)")
+
+#define VIDIT_DATA_KEYS(KEY)                                                                           \
+  KEY(DataSource, source, DataSource::demo, any,                                                       \
+      "\"demo\" (generated shape videos), \"synthetic\" (random latents) or \"cache\" (a latent cache "  \
+      "written by `vidit prepare`, read in bucketed token-budget batches)")                            \
+  KEY(int64_t, latent_frames, 6, positive,                                                             \
+      "latent frames of one sample (with source = \"cache\" the buckets decide; this sizes `vidit info`)") \
+  KEY(int64_t, latent_height, 8, positive, "latent height of one sample")                              \
+  KEY(int64_t, latent_width, 8, positive, "latent width of one sample")                                \
+  KEY(std::string, manifest, "", any, "vidit prepare: .jsonl / .csv manifest, or a folder of videos + .txt captions") \
+  KEY(std::string, cache_dir, "", any, "where the latent cache is written and read")                   \
+  KEY(Codec, codec, Codec::demo, any, "\"demo\" (lossless space-to-depth) or \"wan_vae\"")             \
+  KEY(std::string, vae_weights, "", any, "Wan 2.1 VAE safetensors (codec = \"wan_vae\")")             \
+  KEY(TextEncoder, text_encoder, TextEncoder::demo, any,                                               \
+      "\"demo\" (built-in caption embedder) or \"precomputed\" (files the manifest names)")           \
+  KEY(Decoder, decoder, Decoder::automatic, any, "\"auto\" (NVDEC when a GPU is there, else CPU), \"cpu\", \"nvdec\"") \
+  KEY(double, fps, 0.0, non_negative, "resample clips to this frame rate; 0 keeps the source rate")   \
+  KEY(int64_t, decode_threads, 0, non_negative, "FFmpeg decode threads per clip; 0 = auto")            \
+  KEY(bool, square_pixels, true, any, "stretch non-square-pixel (anamorphic) video to square pixels")  \
+  KEY(DeviceChoice, encode_device, DeviceChoice::automatic, any,                                       \
+      "where the VAE encodes: \"auto\" (CUDA when present), \"cpu\", \"cuda\"")                        \
+  KEY(int64_t, shard_mb, 1024, positive, "cache shard size (MiB)")                                     \
+  KEY(Precision, cache_dtype, Precision::bf16, any, "storage of latent mean / std: \"bf16\" or \"fp32\"") \
+  KEY(int64_t, token_budget, 0, non_negative, "tokens per batch per rank; 0 = batch_size x tokens of data.latent_*") \
+  KEY(int64_t, loader_threads, 2, positive, "background threads assembling batches")                   \
+  KEY(int64_t, prefetch, 4, positive, "batches prepared ahead")
+
+// Bucket shapes (src/prepare/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
 // 6 frames, demo codec); configs/wan2.1-*.toml show buckets for real data.
-struct BucketConfig {
-  std::vector<int64_t> resolutions{16, 18};    // tiers: sqrt(height * width) targets
-  std::vector<double> aspect_ratios{1.0, 1.25};  // width / height
-  std::vector<int64_t> frames{6};              // frame counts, each 1 mod frame_stride
-  int64_t frame_stride = 1;                    // 4: 4k+1 frames (Wan VAE); 1: any count (demo codec)
-  int64_t multiple = 4;                        // height and width are multiples of this
-  double max_upscale = 1.0;                    // largest allowed scale-up factor (1: never upscale)
-};
+#define VIDIT_BUCKET_KEYS(KEY)                                                                         \
+  KEY(IntList, resolutions, (IntList{16, 18}), positive, "tiers: sqrt(height * width) targets")        \
+  KEY(NumList, aspect_ratios, (NumList{1.0, 1.25}), positive, "width / height")                        \
+  KEY(IntList, frames, (IntList{6}), positive, "frame counts, each 1 mod frame_stride")                \
+  KEY(int64_t, frame_stride, 1, positive, "4: 4k+1 frames (Wan VAE); 1: any count (demo codec)")       \
+  KEY(int64_t, multiple, 4, positive, "height and width are multiples of this")                        \
+  KEY(double, max_upscale, 1.0, positive, "largest allowed scale-up factor (1: never upscale)")
 
-struct DiffusionConfig {
-  std::string timestep_sampling = "logit_normal";  // "uniform" or "logit_normal"
-  double logit_mean = 0.0;        // mean of the logit-normal sigma distribution
-  double logit_std = 1.0;         // std of the logit-normal sigma distribution
-  double shift = 3.0;             // sigma' = s*sigma / (1 + (s-1)*sigma)
-  double text_drop_prob = 0.1;    // probability of the null text for classifier-free guidance
-};
+#define VIDIT_DIFFUSION_KEYS(KEY)                                                                      \
+  KEY(TimestepSampling, timestep_sampling, TimestepSampling::logit_normal, any, "\"uniform\" or \"logit_normal\"") \
+  KEY(double, logit_mean, 0.0, any, "mean of the logit-normal sigma distribution")                     \
+  KEY(double, logit_std, 1.0, positive, "std of the logit-normal sigma distribution")                  \
+  KEY(double, shift, 3.0, positive, "sigma' = s*sigma / (1 + (s-1)*sigma)")                            \
+  KEY(double, text_drop_prob, 0.1, fraction, "probability of the null text for classifier-free guidance")
 
-struct TrainConfig {
-  int64_t steps = 12000;          // optimizer steps
-  int64_t batch_size = 12;        // samples per micro-batch
-  int64_t grad_accum = 1;         // micro-batches per optimizer step
-  double lr = 2e-3;               // peak learning rate
-  double min_lr_ratio = 0.1;      // cosine floor as a fraction of lr
-  int64_t warmup_steps = 100;     // linear warm-up steps
-  std::string schedule = "cosine";  // "cosine" or "constant" after warm-up
-  double weight_decay = 0.01;     // AdamW decay (never on norms, biases, modulation)
-  double beta1 = 0.9;
-  double beta2 = 0.99;
-  double adam_eps = 1e-8;
-  double grad_clip = 1.0;         // global-norm clip; 0 disables
-  double ema_decay = 0.999;       // EMA of the weights; 0 disables
-  uint64_t seed = 0;              // seeds init, data order, noise and timesteps
-  std::string precision = "fp32"; // "fp32" or "bf16" (autocast matmuls; fp32 norms/modulation/RoPE)
-  std::string device = "auto";    // "auto" (CUDA when present), "cpu" or "cuda" (GPU = LOCAL_RANK)
-  std::string out_dir = "runs/demo";  // checkpoints, metrics.jsonl, samples
-  int64_t log_every = 50;         // steps between log lines
-  int64_t ckpt_every = 0;         // steps between checkpoints; 0: only at the end
-  int64_t keep_checkpoints = 2;   // newest checkpoints kept on disk
-  int64_t threads = 0;            // intra-op threads; 0 = all cores
-  double peak_tflops = 0;         // per device, for MFU; 0 = from the GPU's name (core/peak_flops.h)
-  int64_t recompute_blocks = 0;   // activation checkpointing: recompute the first N blocks in
-                                  // backward instead of keeping their activations; -1 = all
-  int64_t trace_steps = 0;        // write a Chrome trace of this many steps (after the first) to
-                                  // <out_dir>/trace/rank<R>.json; 0 = off
-  std::string init_from;          // weights to start from: a .safetensors file or a folder of
-                                  // shards (e.g. the official Wan 2.1 release); "" = random init
-};
+#define VIDIT_TRAIN_KEYS(KEY)                                                                          \
+  KEY(int64_t, steps, 12000, positive, "optimizer steps")                                              \
+  KEY(int64_t, batch_size, 12, positive, "samples per micro-batch (the global batch over data-parallel ranks)") \
+  KEY(int64_t, grad_accum, 1, positive, "micro-batches per optimizer step")                            \
+  KEY(double, lr, 2e-3, positive, "peak learning rate")                                                \
+  KEY(double, min_lr_ratio, 0.1, fraction, "cosine floor as a fraction of lr")                        \
+  KEY(int64_t, warmup_steps, 100, non_negative, "linear warm-up steps")                                \
+  KEY(Schedule, schedule, Schedule::cosine, any, "\"cosine\" or \"constant\" after warm-up")           \
+  KEY(double, weight_decay, 0.01, non_negative, "AdamW decay (never on norms, biases, modulation)")    \
+  KEY(double, beta1, 0.9, below_one, "AdamW beta1")                                                    \
+  KEY(double, beta2, 0.99, below_one, "AdamW beta2")                                                   \
+  KEY(double, adam_eps, 1e-8, positive, "AdamW epsilon")                                               \
+  KEY(double, grad_clip, 1.0, non_negative, "global-norm clip; 0 disables")                            \
+  KEY(double, ema_decay, 0.999, below_one, "EMA of the weights; 0 disables")                           \
+  KEY(uint64_t, seed, 0, any, "seeds init, data order, noise and timesteps")                           \
+  KEY(Precision, precision, Precision::fp32, any,                                                      \
+      "\"fp32\" or \"bf16\" (autocast matmuls; fp32 norms, modulation, RoPE)")                          \
+  KEY(DeviceChoice, device, DeviceChoice::automatic, any,                                              \
+      "\"auto\" (CUDA when present), \"cpu\" or \"cuda\" (GPU = LOCAL_RANK)")                           \
+  KEY(std::string, out_dir, "runs/demo", any, "checkpoints, metrics.jsonl, samples")                  \
+  KEY(int64_t, log_every, 50, positive, "steps between log lines")                                     \
+  KEY(int64_t, ckpt_every, 0, non_negative, "steps between checkpoints; 0: only at the end")           \
+  KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \
+  KEY(int64_t, threads, 0, non_negative, "intra-op threads; 0 = all cores")                            \
+  KEY(double, peak_tflops, 0.0, non_negative, "per device, for MFU; 0 = from the GPU's name (core/peak_flops.h)") \
+  KEY(int64_t, recompute_blocks, 0, block_count,                                                       \
+      "activation checkpointing: recompute the first N blocks in backward; -1 = all")                  \
+  KEY(int64_t, trace_steps, 0, non_negative,                                                           \
+      "write a Chrome trace of this many steps (after the first) to <out_dir>/trace/rank<R>.json")     \
+  KEY(std::string, init_from, "", any,                                                                 \
+      "weights to start from: a .safetensors file or a folder of shards (e.g. Wan 2.1); \"\" = random init")
 
-struct SampleConfig {
-  int64_t steps = 30;             // Euler steps from sigma=1 to 0
-  double shift = 3.0;             // sigma schedule shift at sampling
-  double cfg_scale = 5.0;         // classifier-free guidance scale; 1 disables
-  uint64_t seed = 1;
-};
+#define VIDIT_SAMPLE_KEYS(KEY)                                                                         \
+  KEY(int64_t, steps, 30, positive, "Euler steps from sigma = 1 to 0")                                 \
+  KEY(double, shift, 3.0, positive, "sigma schedule shift at sampling")                                \
+  KEY(double, cfg_scale, 5.0, any, "classifier-free guidance scale; 1 disables")                       \
+  KEY(uint64_t, seed, 1, any, "seed of the sampled noise")
 
-struct DemoConfig {
-  int64_t videos = 192;           // training clips generated
-  int64_t frame_size = 16;        // training frame size in pixels (square), after center crop
-  int64_t frames = 6;             // training frames per clip
-  int64_t codec_block = 2;        // space-to-depth block of the lossless demo codec
-  int64_t text_dim = 32;          // width of the built-in caption embedder
-  int64_t samples_per_prompt = 4; // generated videos per held-out prompt in the check
-  int64_t eval_every = 0;         // also check held-out adherence every N training steps; 0: at the end only
-  double colourless_captions = 0; // fraction of training clips captioned without their colour
-};
+#define VIDIT_DEMO_KEYS(KEY)                                                                           \
+  KEY(int64_t, videos, 192, positive, "training clips generated")                                      \
+  KEY(int64_t, frame_size, 16, positive, "training frame size in pixels (square), after center crop")  \
+  KEY(int64_t, frames, 6, positive, "training frames per clip")                                        \
+  KEY(int64_t, codec_block, 2, positive, "space-to-depth block of the lossless demo codec")            \
+  KEY(int64_t, text_dim, 32, positive, "width of the built-in caption embedder")                       \
+  KEY(int64_t, samples_per_prompt, 4, positive, "generated videos per held-out prompt in the check")   \
+  KEY(int64_t, eval_every, 0, non_negative, "also check held-out adherence every N training steps; 0: at the end only") \
+  KEY(double, colourless_captions, 0.0, fraction, "fraction of training clips captioned without their colour")
 
-// How the processes of a run are arranged (src/parallel/mesh.h): a mesh of degrees replicate x shard x
-// tensor x ulysses x ring whose product is the number of processes. The data-parallel degree is
-// replicate x shard; shard > 1 shards parameters, gradients and optimizer state (FSDP, parallel/fsdp.h),
+// How the processes of a run are arranged (src/parallel/mesh.h): a mesh of degrees replicate x
+// shard x tensor x ulysses x ring whose product is the number of processes. The data-parallel
+// degree is replicate x shard; shard > 1 shards parameters, gradients and optimizer state (FSDP),
 // and with replicate > 1 as well that is HSDP.
-struct ParallelConfig {
-  int64_t replicate = 1;  // data-parallel replicas (DDP / the replicate dim of HSDP)
-  int64_t shard = 1;      // data-parallel ranks that shard parameters, gradients, optimizer state (FSDP)
-  int64_t tensor = 1;     // tensor parallel (heads and MLP split); divides model.heads and model.ffn_dim
-  int64_t ulysses = 1;    // Ulysses sequence parallel (all-to-all over heads); divides model.heads
-  int64_t ring = 1;       // ring-attention context parallel (K/V passed around a ring)
-  double bucket_mb = 25;  // data parallel: gradients are all-reduced in buckets of about this many MiB
-  bool reshard_after_forward = true;  // FSDP: free a block's gathered weights after its forward
-  bool prefetch = true;   // FSDP: issue the next block's all-gather before the current block runs
-  std::string reduce_dtype = "fp32";  // FSDP: gradients reduce-scattered in "fp32" or "bf16"
-};
+#define VIDIT_PARALLEL_KEYS(KEY)                                                                       \
+  KEY(int64_t, replicate, 1, positive, "data-parallel replicas (DDP / the replicate dim of HSDP)")     \
+  KEY(int64_t, shard, 1, positive, "data-parallel ranks that shard parameters, gradients, optimizer state (FSDP)") \
+  KEY(int64_t, tensor, 1, positive, "tensor parallel (heads and MLP split); divides model.heads and model.ffn_dim") \
+  KEY(int64_t, ulysses, 1, positive, "Ulysses sequence parallel (all-to-all over heads); divides model.heads") \
+  KEY(int64_t, ring, 1, positive, "ring-attention context parallel (K/V passed around a ring)")        \
+  KEY(double, bucket_mb, 25.0, positive, "data parallel: gradients are all-reduced in buckets of about this many MiB") \
+  KEY(bool, reshard_after_forward, true, any, "FSDP: free a block's gathered weights after its forward") \
+  KEY(bool, prefetch, true, any, "FSDP: issue the next block's all-gather before the current block runs") \
+  KEY(Precision, reduce_dtype, Precision::fp32, any, "FSDP: gradients reduce-scattered in \"fp32\" or \"bf16\"")
+
+#define VIDIT_CONFIG_FIELD(type, name, value, check, doc) type name = value;
+struct ModelConfig { VIDIT_MODEL_KEYS(VIDIT_CONFIG_FIELD) };
+struct DataConfig { VIDIT_DATA_KEYS(VIDIT_CONFIG_FIELD) };
+struct BucketConfig { VIDIT_BUCKET_KEYS(VIDIT_CONFIG_FIELD) };
+struct DiffusionConfig { VIDIT_DIFFUSION_KEYS(VIDIT_CONFIG_FIELD) };
+struct TrainConfig { VIDIT_TRAIN_KEYS(VIDIT_CONFIG_FIELD) };
+struct SampleConfig { VIDIT_SAMPLE_KEYS(VIDIT_CONFIG_FIELD) };
+struct DemoConfig { VIDIT_DEMO_KEYS(VIDIT_CONFIG_FIELD) };
+struct ParallelConfig { VIDIT_PARALLEL_KEYS(VIDIT_CONFIG_FIELD) };
+#undef VIDIT_CONFIG_FIELD
 
 struct Config {
   ModelConfig model;
@@ -156,8 +222,10 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
-// The resolved config as TOML (printed at start and stored in checkpoints).
+// The resolved config as TOML (printed at start and stored in checkpoints); parses back to `c`.
 std::string config_to_toml(const Config& c);
+// Every key with its type, default and doc, as Markdown (`vidit keys`, docs/CONFIG.md).
+std::string config_reference();
 // Throws when shapes are impossible (dim % heads, latent % patch, ...).
 void validate_config(const Config& c);
 

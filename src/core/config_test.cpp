@@ -1,5 +1,8 @@
 #include "core/config.h"
 
+#include <fstream>
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -19,7 +22,7 @@ std::string error_of(const std::string& toml, const std::vector<std::string>& se
 
 TEST(Config, DefaultsAreTheDemoAndValid) {
   Config c = parse_config("", "<defaults>");
-  EXPECT_EQ(c.data.source, "demo");
+  EXPECT_EQ(c.data.source, DataSource::demo);
   EXPECT_EQ(c.model.in_channels, 3 * c.demo.codec_block * c.demo.codec_block);
 }
 
@@ -57,7 +60,7 @@ TEST(Config, ImpossibleShapesRefused) {
 TEST(Config, SetOverridesAndTypos) {
   Config c = parse_config("", "x", {"train.lr=3e-4", "train.precision=bf16", "model.patch=[1, 2, 2]"});
   EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
-  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.precision, Precision::bf16);
   std::string e = error_of("", {"train.stepz=3"});
   EXPECT_NE(e.find("did you mean 'train.steps'"), std::string::npos) << e;
   e = error_of("", {"trian.steps=3"});
@@ -67,11 +70,46 @@ TEST(Config, SetOverridesAndTypos) {
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
-  Config a = parse_config("", "x", {"train.lr=0.000123", "model.layers=3", "train.out_dir=\"runs/x y\""});
+  // Strings that need escaping in TOML (quotes, backslashes, a newline) survive the round trip.
+  Config a = parse_config("", "x", {"train.lr=0.000123", "model.layers=3", "train.out_dir=\"runs/x y\"",
+                                    "data.manifest=\"a \\\"quoted\\\" C:\\\\path\\nnext\"", "train.seed=12345678901",
+                                    "train.precision=bf16", "buckets.aspect_ratios=[0.5625, 1.0, 1.7777777777777777]"});
   Config b = parse_config(config_to_toml(a), "y");
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
   EXPECT_EQ(b.model.layers, 3);
   EXPECT_EQ(b.train.out_dir, "runs/x y");
+  EXPECT_EQ(b.data.manifest, "a \"quoted\" C:\\path\nnext");
+  EXPECT_EQ(b.train.seed, 12345678901ull);
+  EXPECT_EQ(b.train.precision, Precision::bf16);
+  EXPECT_EQ(b.buckets.aspect_ratios, a.buckets.aspect_ratios);
+  EXPECT_EQ(b.train.lr, 0.000123);
+}
+
+TEST(Config, ChoicesAreCheckedWhenRead) {
+  std::string e = error_of("[train]\nschedule = \"cosin\"\n");
+  EXPECT_NE(e.find("'train.schedule' must be one of \"cosine\", \"constant\" (got \"cosin\"; did you mean \"cosine\"?)"),
+            std::string::npos) << e;
+  e = error_of("", {"data.decoder=gpu"});
+  EXPECT_NE(e.find("'data.decoder' must be one of \"auto\", \"cpu\", \"nvdec\""), std::string::npos) << e;
+  EXPECT_EQ(parse_config("", "x", {"data.decoder=auto"}).data.decoder, Decoder::automatic);
+  EXPECT_EQ(parse_config("", "x", {"train.device=\"cuda\""}).train.device, DeviceChoice::cuda);
+  // A key's own check names the key and the value.
+  e = error_of("[train]\nema_decay = 1.0\n");
+  EXPECT_NE(e.find("'train.ema_decay' must be in [0, 1) (got 1)"), std::string::npos) << e;
+  e = error_of("", {"buckets.frames=[5, 0]"});
+  EXPECT_NE(e.find("'buckets.frames' must be > 0 (each element)"), std::string::npos) << e;
+}
+
+// docs/CONFIG.md is what `vidit keys` prints from the declarations.
+TEST(Config, ReferenceDocIsCurrent) {
+  std::ifstream in(std::string(VIDIT_SOURCE_DIR) + "/docs/CONFIG.md");
+  ASSERT_TRUE(in) << "docs/CONFIG.md is missing: build/vidit keys > docs/CONFIG.md";
+  std::stringstream doc;
+  doc << in.rdbuf();
+  EXPECT_EQ(doc.str(), config_reference()) << "docs/CONFIG.md is stale: build/vidit keys > docs/CONFIG.md";
+  // Every key is in it.
+  for (const char* key : {"`dim`", "`token_budget`", "`recompute_blocks`", "`reduce_dtype`", "`colourless_captions`"})
+    EXPECT_NE(doc.str().find(key), std::string::npos) << key;
 }
 
 TEST(Config, ShippedConfigsLoadWithExpectedParameterCounts) {

@@ -6,10 +6,12 @@
 #pragma once
 #include <string>
 
+#include "core/config.h"
+
 namespace vidit {
 
 // TFLOP/s per device for a CUDA device name ("NVIDIA H100 80GB HBM3", ...); 0 when unknown.
-double peak_tflops(const std::string& device_name, const std::string& precision);
+double peak_tflops(const std::string& device_name, Precision precision);
 
 // The name of CUDA device `index` ("" in a build without CUDA).
 std::string cuda_device_name(int index);

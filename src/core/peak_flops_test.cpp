@@ -15,15 +15,15 @@ namespace vidit {
 namespace {
 
 TEST(PeakFlops, TableByNameAndPrecision) {
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", "bf16"), 989.4);
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", "fp32"), 494.7);
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 PCIe", "bf16"), 756);
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H200", "bf16"), 989.4);
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA A100-SXM4-80GB", "bf16"), 312);
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA GB200", "bf16"), 2500);
-  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA B200", "bf16"), 2250);
-  EXPECT_EQ(peak_tflops("Some Unknown Accelerator", "bf16"), 0);
-  EXPECT_EQ(peak_tflops("", "bf16"), 0);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", Precision::bf16), 989.4);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", Precision::fp32), 494.7);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 PCIe", Precision::bf16), 756);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H200", Precision::bf16), 989.4);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA A100-SXM4-80GB", Precision::bf16), 312);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA GB200", Precision::bf16), 2500);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA B200", Precision::bf16), 2250);
+  EXPECT_EQ(peak_tflops("Some Unknown Accelerator", Precision::bf16), 0);
+  EXPECT_EQ(peak_tflops("", Precision::bf16), 0);
 }
 
 TEST(PeakFlops, TrainingLogsMfuAgainstTheGivenPeak) {

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "core/config.h"
+
 namespace vidit {
 
 // RAII: enables bf16 autocast on `device` for its lifetime when precision == "bf16" (and leaves
@@ -13,8 +15,8 @@ namespace vidit {
 // e.g. to recompute a forward in backward as it first ran (model/recompute.h).
 class AutocastGuard {
  public:
-  AutocastGuard(const std::string& precision, at::DeviceType device) : device_(device) {
-    if (precision == "bf16") set(true, at::kBFloat16);
+  AutocastGuard(Precision precision, at::DeviceType device) : device_(device) {
+    if (precision == Precision::bf16) set(true, at::kBFloat16);
   }
   AutocastGuard(at::DeviceType device, bool enabled, at::ScalarType dtype) : device_(device) { set(enabled, dtype); }
   ~AutocastGuard() {

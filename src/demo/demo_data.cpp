@@ -56,7 +56,7 @@ std::vector<VideoEntry> make_demo_videos(const Config& cfg, const std::string& d
 
 DemoData prepare_demo_data(const Config& cfg, const std::string& out_dir, int rank, int world) {
   const auto& d = cfg.demo;
-  VIDIT_CHECK(cfg.data.codec == "demo" && cfg.data.text_encoder == "demo", cfg.source,
+  VIDIT_CHECK(cfg.data.codec == Codec::demo && cfg.data.text_encoder == TextEncoder::demo, cfg.source,
               ": the demo caches with data.codec = \"demo\" and data.text_encoder = \"demo\" (got \"",
               cfg.data.codec, "\" and \"", cfg.data.text_encoder, "\")");
   const Bucket square{d.frames, d.frame_size, d.frame_size, 1.0};

@@ -8,7 +8,7 @@ at::Tensor shift_sigma(const at::Tensor& sigma, double s) {
 
 at::Tensor sample_sigmas(int64_t B, const DiffusionConfig& cfg, at::Generator& gen) {
   at::Tensor sigma;
-  if (cfg.timestep_sampling == "uniform")
+  if (cfg.timestep_sampling == TimestepSampling::uniform)
     sigma = at::rand({B}, gen, at::kFloat);
   else
     sigma = at::sigmoid(at::normal(cfg.logit_mean, cfg.logit_std, {B}, gen, at::kFloat));

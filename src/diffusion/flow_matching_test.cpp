@@ -28,10 +28,10 @@ TEST(FlowMatching, ShiftAndSigmaDistributions) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
   DiffusionConfig c;
   c.shift = 1.0;
-  c.timestep_sampling = "uniform";
+  c.timestep_sampling = TimestepSampling::uniform;
   at::Tensor u = sample_sigmas(20000, c, gen);
   EXPECT_NEAR(u.mean().item<double>(), 0.5, 0.01);
-  c.timestep_sampling = "logit_normal";
+  c.timestep_sampling = TimestepSampling::logit_normal;
   c.logit_mean = 1.0;
   at::Tensor ln = sample_sigmas(20000, c, gen);
   EXPECT_GT(ln.min().item<double>(), 0.0);

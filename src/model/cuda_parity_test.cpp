@@ -81,7 +81,7 @@ TEST(CudaParity, DiTForwardAndGradientsMatchCpu) {
 
 // The trainer draws noise, timesteps and caption drops from a CPU generator and initialises the
 // model on the CPU, so the same config trains to the same losses on either device.
-std::vector<double> train_losses(const std::string& precision, at::Device device, int steps) {
+std::vector<double> train_losses(Precision precision, at::Device device, int steps) {
   Config c = tiny_config({"model.dim=64", "model.heads=4", "model.ffn_dim=128", "train.lr=1e-3",
                           "train.warmup_steps=0", "train.ckpt_every=0", "train.ema_decay=0"});
   c.train.precision = precision;
@@ -97,9 +97,9 @@ TEST(CudaParity, TrainingOnCudaReproducesCpuLosses) {
   SKIP_WITHOUT_CUDA();
   NoTf32 fp32;
   const int steps = 20;
-  std::vector<double> cpu = train_losses("fp32", at::kCPU, steps);
-  std::vector<double> gpu = train_losses("fp32", at::kCUDA, steps);
-  std::vector<double> bf16 = train_losses("bf16", at::kCUDA, steps);
+  std::vector<double> cpu = train_losses(Precision::fp32, at::kCPU, steps);
+  std::vector<double> gpu = train_losses(Precision::fp32, at::kCUDA, steps);
+  std::vector<double> bf16 = train_losses(Precision::bf16, at::kCUDA, steps);
   ASSERT_EQ(gpu.size(), size_t(steps));
   ASSERT_EQ(bf16.size(), size_t(steps));
   double worst = 0, bf16_mean = 0;

@@ -176,7 +176,7 @@ TEST(DiT, Bf16AutocastCloseToFp32) {
   at::Tensor x = at::randn({2, 4, 2, 4, 4}), t = at::tensor({100.f, 700.f}), text = at::randn({2, 4, 8});
   at::Tensor ref = m->forward(x, t, text), low;
   {
-    AutocastGuard ac("bf16", at::kCPU);
+    AutocastGuard ac(Precision::bf16, at::kCPU);
     low = m->forward(x, t, text);
   }
   EXPECT_EQ(low.scalar_type(), at::kFloat);

@@ -21,7 +21,7 @@ struct Grads {
 };
 
 Grads run(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, int64_t recompute,
-          const std::string& precision = "fp32") {
+          Precision precision = Precision::fp32) {
   model->zero_grad();
   model->recompute_blocks = recompute;
   at::Tensor xi = x.detach().clone().requires_grad_(true), ti = text.detach().clone().requires_grad_(true);
@@ -81,8 +81,8 @@ TEST(Recompute, RestoresAutocastInBackward) {
   model->init_weights();
   model->head->head->weight.data().normal_(0, 0.05);
   at::Tensor x = at::randn({2, 4, 2, 4, 4}), t = at::tensor({100.0f, 700.0f}), text = at::randn({2, 4, 8});
-  const Grads plain = run(model, x, t, text, 0, "bf16");
-  expect_close(plain, run(model, x, t, text, -1, "bf16"), 1e-5, {"text_embedding.", "input.text"});
+  const Grads plain = run(model, x, t, text, 0, Precision::bf16);
+  expect_close(plain, run(model, x, t, text, -1, Precision::bf16), 1e-5, {"text_embedding.", "input.text"});
 }
 
 TEST(Recompute, OnlyWhenRecordingGradients) {

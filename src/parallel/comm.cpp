@@ -9,6 +9,8 @@
 #include "parallel/comm_mpi.h"
 #include "parallel/staging_comm.h"
 
+#include <torch/cuda.h>
+
 namespace vidit {
 namespace {
 
@@ -82,6 +84,10 @@ void abort_world(int) {}
 #endif
 
 namespace {
+at::Device gpu_of(const LaunchEnv& env) {
+  return at::Device(at::kCUDA, int8_t(process_gpu(env, int(torch::cuda::device_count()))));
+}
+
 std::shared_ptr<Comm> make_engine(const LaunchEnv& env, at::DeviceType device) {
   // One process: no engine, unless a launcher started it and VIDIT_COMM asks for one (e.g. NCCL
   // on one GPU under torchrun, to check it).
@@ -93,7 +99,7 @@ std::shared_ptr<Comm> make_engine(const LaunchEnv& env, at::DeviceType device) {
   const double seconds = t ? std::atof(t) : 600.0;
   VIDIT_CHECK(seconds > 0, "VIDIT_COMM_TIMEOUT_S = '", t, "' must be a positive number of seconds");
   const auto timeout = std::chrono::milliseconds(int64_t(seconds * 1000));
-  if (engine == "gloo" || engine == "nccl") return make_c10d_world_comm(env, engine, timeout);
+  if (engine == "gloo" || engine == "nccl") return make_c10d_world_comm(env, engine, timeout, gpu_of(env));
   VIDIT_CHECK(engine == "mpi", "VIDIT_COMM = '", engine, "': the engines are mpi, gloo and nccl");
 #ifdef VIDIT_HAVE_MPI
   auto world = make_mpi_world_comm(timeout);
@@ -112,7 +118,7 @@ std::shared_ptr<Comm> make_engine(const LaunchEnv& env, at::DeviceType device) {
 
 // Every engine behind the one device rule (staging_comm.h): callers hand over tensors on any device.
 std::shared_ptr<Comm> make_world_comm(const LaunchEnv& env, at::DeviceType device) {
-  return with_device_rule(make_engine(env, device));
+  return with_device_rule(make_engine(env, device), gpu_of(env));
 }
 
 }  // namespace vidit

@@ -57,6 +57,7 @@ class C10dWork : public Work {
 struct Engine {
   std::string name;
   std::chrono::milliseconds timeout;
+  at::Device device;  // the CPU (gloo) or this process's GPU (nccl)
   // A process group of `size` members over `store`, this one being `rank`.
   c10::intrusive_ptr<c10d::Backend> make(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) const {
 #ifdef VIDIT_HAVE_GLOO
@@ -180,7 +181,7 @@ class C10dComm : public Comm {
 
  private:
   at::TensorOptions options() const {
-    return at::TensorOptions().dtype(at::kFloat).device(engine_.name == "nccl" ? at::kCUDA : at::kCPU);
+    return at::TensorOptions().dtype(at::kFloat).device(engine_.device);
   }
   void check(const at::Tensor& t, const char* op) const {
     VIDIT_CHECK(t.defined() && t.is_contiguous(), op, " (", engine_.name, "): tensors must be defined and contiguous");
@@ -210,7 +211,7 @@ bool have_c10d_engine(const std::string& engine) {
 }
 
 std::shared_ptr<Comm> make_c10d_world_comm(const LaunchEnv& env, const std::string& engine,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout, at::Device gpu) {
   VIDIT_CHECK(have_c10d_engine(engine), "communication engine '", engine, "' is not in this build",
               engine == "nccl" ? " (it needs a CUDA torch)" : " (install libgloo-dev and reconfigure)");
   VIDIT_CHECK(!env.master_addr.empty() && env.master_port > 0, "rank ", env.rank, " of ", env.world, " (", env.launcher,
@@ -232,7 +233,8 @@ std::shared_ptr<Comm> make_c10d_world_comm(const LaunchEnv& env, const std::stri
   }
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const std::string prefix = std::string("vidit/attempt") + (restart ? restart : "0");
-  return std::make_shared<C10dComm>(Engine{engine, timeout}, store, prefix, env.rank, env.world);
+  return std::make_shared<C10dComm>(Engine{engine, timeout, engine == "nccl" ? gpu : at::Device(at::kCPU)}, store,
+                                    prefix, env.rank, env.world);
 }
 
 }  // namespace vidit
@@ -241,7 +243,8 @@ std::shared_ptr<Comm> make_c10d_world_comm(const LaunchEnv& env, const std::stri
 
 namespace vidit {
 bool have_c10d_engine(const std::string&) { return false; }
-std::shared_ptr<Comm> make_c10d_world_comm(const LaunchEnv& env, const std::string& engine, std::chrono::milliseconds) {
+std::shared_ptr<Comm> make_c10d_world_comm(const LaunchEnv& env, const std::string& engine, std::chrono::milliseconds,
+                                           at::Device) {
   fail("rank ", env.rank, " of ", env.world, " (", env.launcher, "): the '", engine,
        "' engine is not in this build (gloo needs libgloo-dev at configure time, nccl a CUDA torch)");
 }

@@ -25,8 +25,9 @@ namespace vidit {
 bool have_c10d_engine(const std::string& engine);
 
 // The world communicator of `env` over `engine`; collective over the world (everyone connects to
-// the store). `timeout`: how long a collective or the rendezvous may wait for a member.
+// the store). `timeout`: how long a collective or the rendezvous may wait for a member. `gpu`:
+// this process's GPU, where NCCL's own small tensors (barriers, splits) go.
 std::shared_ptr<Comm> make_c10d_world_comm(const LaunchEnv& env, const std::string& engine,
-                                           std::chrono::milliseconds timeout);
+                                           std::chrono::milliseconds timeout, at::Device gpu);
 
 }  // namespace vidit

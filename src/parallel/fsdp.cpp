@@ -50,7 +50,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
       sp_(mesh.group("sp")),
       S_(shard_->size()),
       rank_(shard_->rank()),
-      reduce_bf16_(cfg.reduce_dtype == "bf16"),
+      reduce_bf16_(cfg.reduce_dtype == Precision::bf16),
       prefetch_(cfg.prefetch) {
   at::NoGradGuard no_grad;
   for (auto& item : model.named_parameters(true)) {

@@ -79,6 +79,10 @@ LaunchEnv detect_launch_env(const std::function<const char*(const char*)>& geten
   return e;
 }
 
+int process_gpu(const LaunchEnv& env, int visible_gpus) {
+  return env.local_rank < visible_gpus ? env.local_rank : 0;
+}
+
 LaunchEnv detect_launch_env() {
   return detect_launch_env([](const char* name) -> const char* { return std::getenv(name); });
 }

@@ -25,6 +25,10 @@ struct LaunchEnv {
 
 // Reads the process environment.
 LaunchEnv detect_launch_env();
+// This process's GPU index among the `visible_gpus`: its local rank, or 0 when the launcher made
+// fewer visible (one per process through CUDA_VISIBLE_DEVICES). The training tensors and the NCCL engine's staged
+// tensors both live there.
+int process_gpu(const LaunchEnv& env, int visible_gpus);
 // Reads through `getenv` (returns nullptr for an unset variable): what tests use.
 LaunchEnv detect_launch_env(const std::function<const char*(const char*)>& getenv);
 

@@ -88,3 +88,20 @@ TEST(LaunchEnv, InconsistentValuesAreRefusedNamingTheVariable) {
 
 }  // namespace
 }  // namespace vidit
+
+namespace vidit {
+namespace {
+
+// The GPU of a process: its local rank when every GPU of the node is visible, 0 when the
+// launcher narrowed each process to one (CUDA_VISIBLE_DEVICES).
+TEST(LaunchEnv, ProcessGpuIsTheLocalRankOrTheOnlyVisibleOne) {
+  LaunchEnv env;
+  env.local_rank = 3;
+  EXPECT_EQ(process_gpu(env, 8), 3);
+  EXPECT_EQ(process_gpu(env, 1), 0);
+  env.local_rank = 0;
+  EXPECT_EQ(process_gpu(env, 0), 0);
+}
+
+}  // namespace
+}  // namespace vidit

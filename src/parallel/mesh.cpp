@@ -48,7 +48,7 @@ void validate_mesh(const Config& cfg, int world) {
               cfg.model.dim, ") and model.ffn_dim (", cfg.model.ffn_dim, ") must be divisible by parallel.tensor (",
               p.tensor, "); choose a parallel.tensor that divides both");
   const int64_t dp = p.replicate * p.shard;
-  VIDIT_CHECK(cfg.data.source == "cache" || cfg.train.batch_size % dp == 0, f, ": train.batch_size (",
+  VIDIT_CHECK(cfg.data.source == DataSource::cache || cfg.train.batch_size % dp == 0, f, ": train.batch_size (",
               cfg.train.batch_size, ") is the global batch and must be divisible by the data-parallel degree "
               "parallel.replicate x parallel.shard = ", p.replicate, " x ", p.shard, " = ", dp,
               "; e.g. set train.batch_size = ", (cfg.train.batch_size + dp - 1) / dp * dp);

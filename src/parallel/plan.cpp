@@ -49,7 +49,7 @@ StepPlan plan_step(const Config& cfg) {
   const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
   const double L = double(tokens_per_sample(cfg)), Lc = L / sp, Lt = double(m.text_len);
   const double patch = double(m.patch[0] * m.patch[1] * m.patch[2]);
-  const bool bf16 = cfg.train.precision == "bf16";
+  const bool bf16 = cfg.train.precision == Precision::bf16;
 
   auto add = [&](const char* collective, const std::string& purpose, double bytes) {
     if (bytes <= 0) return;
@@ -77,7 +77,7 @@ StepPlan plan_step(const Config& cfg) {
     const double gathers = 1 + (p.reshard_after_forward ? 2 : 1) * double(m.layers);
     add("all_gather", "FSDP weights", A * spread(S, 4 * root) +
                                           A * (gathers - 1) * spread(S, 4 * block));
-    add("reduce_scatter", "FSDP gradients", A * spread(S, (p.reduce_dtype == "bf16" ? 2 : 4) * P));
+    add("reduce_scatter", "FSDP gradients", A * spread(S, (p.reduce_dtype == Precision::bf16 ? 2 : 4) * P));
     add("all_reduce", "FSDP gradients over sp", A * all_reduce(sp, 4 * P / S));
     add("all_reduce", "HSDP gradients over replicate", A * all_reduce(R, 4 * P / S));
     // The gradient norm (layout.h global_norm): one double per set of groups the parameters
@@ -181,7 +181,7 @@ std::string format_meshes(const Config& cfg, const std::vector<MeshChoice>& choi
     os << line;
   }
   if (choices.empty()) os << "  (none: no mesh of this size splits the heads and tokens evenly)\n";
-  if (cfg.data.source != "cache")
+  if (cfg.data.source != DataSource::cache)
     os << "  (data-parallel degrees must divide the global train.batch_size = " << cfg.train.batch_size
        << "; raise it with --set to list more)\n";
   return os.str();

@@ -98,9 +98,9 @@ std::shared_ptr<Comm> StagingComm::split(int color, int key) {
   return std::make_shared<StagingComm>(inner_->split(color, key), device_);
 }
 
-std::shared_ptr<Comm> with_device_rule(std::shared_ptr<Comm> engine) {
+std::shared_ptr<Comm> with_device_rule(std::shared_ptr<Comm> engine, at::Device gpu) {
   if (engine->backend() == "single") return engine;
-  const at::Device device = engine->backend() == "nccl" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  const at::Device device = engine->backend() == "nccl" ? gpu : at::Device(at::kCPU);
   return std::make_shared<StagingComm>(std::move(engine), device);
 }
 

@@ -42,8 +42,8 @@ class StagingComm : public ForwardingComm {
   at::Device device_;
 };
 
-// `engine` behind a StagingComm for its device: CUDA for "nccl", the CPU for the others; the
+// `engine` behind a StagingComm for its device: `gpu` for "nccl", the CPU for the others; the
 // single-process communicator (whose collectives are identities) is returned as it is.
-std::shared_ptr<Comm> with_device_rule(std::shared_ptr<Comm> engine);
+std::shared_ptr<Comm> with_device_rule(std::shared_ptr<Comm> engine, at::Device gpu);
 
 }  // namespace vidit

@@ -10,7 +10,7 @@
 namespace vidit {
 
 FrameEncoder make_frame_encoder(const Config& cfg) {
-  if (cfg.data.codec == "demo") {
+  if (cfg.data.codec == Codec::demo) {
     const int64_t block = cfg.demo.codec_block;
     return [block](const at::Tensor& frames) {
       at::Tensor mean = demo::codec_encode(frames, block);
@@ -20,9 +20,9 @@ FrameEncoder make_frame_encoder(const Config& cfg) {
   VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"wan_vae\" needs data.vae_weights "
               "(the Wan 2.1 VAE as .safetensors)");
   const bool has_cuda = torch::cuda::is_available();
-  VIDIT_CHECK(cfg.data.encode_device != "cuda" || has_cuda, cfg.source, ": data.encode_device = \"cuda\" but no CUDA "
+  VIDIT_CHECK(cfg.data.encode_device != DeviceChoice::cuda || has_cuda, cfg.source, ": data.encode_device = \"cuda\" but no CUDA "
               "device is visible to this build; use \"auto\" or \"cpu\"");
-  const at::Device device = cfg.data.encode_device == "cpu" || !has_cuda ? at::Device(at::kCPU) : at::Device(at::kCUDA);
+  const at::Device device = cfg.data.encode_device == DeviceChoice::cpu || !has_cuda ? at::Device(at::kCPU) : at::Device(at::kCUDA);
   auto vae = std::make_shared<WanVAE>(WanVAEConfig{});
   load_wan_vae(**vae, cfg.data.vae_weights);
   (*vae)->eval();
@@ -42,7 +42,7 @@ FrameEncoder make_frame_encoder(const Config& cfg) {
 }
 
 CaptionEncoder make_caption_encoder(const Config& cfg) {
-  if (cfg.data.text_encoder != "demo") return {};
+  if (cfg.data.text_encoder != TextEncoder::demo) return {};
   const int64_t len = cfg.model.text_len, dim = cfg.model.text_dim;
   return [len, dim](const std::string& c) { return demo::embed_caption(c, len, dim); };
 }

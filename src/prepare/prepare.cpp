@@ -74,7 +74,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   VIDIT_CHECK(!d.cache_dir.empty(), cfg.source, ": vidit prepare needs data.cache_dir (where the cache goes)");
   VIDIT_CHECK(workers >= 1 && worker >= 0 && worker < workers, "vidit prepare: worker ", worker, " of ", workers,
               " is out of range");
-  VIDIT_CHECK(d.text_encoder == "precomputed" || captions, "vidit prepare: data.text_encoder = \"", d.text_encoder,
+  VIDIT_CHECK(d.text_encoder == TextEncoder::precomputed || captions, "vidit prepare: data.text_encoder = \"", d.text_encoder,
               "\" but no caption encoder was given");
   const std::vector<Bucket> buckets = make_buckets(cfg.buckets);
   Manifest manifest = read_manifest(d.manifest);
@@ -86,11 +86,11 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
     for (const auto& r : manifest.rejected) rejects.add("", r.where, r.reason);
 
   PrepareReport rep;
-  CacheWriter writer(d.cache_dir, worker, d.shard_mb << 20, d.cache_dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+  CacheWriter writer(d.cache_dir, worker, d.shard_mb << 20, d.cache_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat);
   DecodeOptions opt;
   opt.target_fps = d.fps;
   opt.threads = int(d.decode_threads);
-  opt.device = parse_decode_device(d.decoder, "data.decoder");
+  opt.device = parse_decode_device(name_of(d.decoder), "data.decoder");
   opt.square_pixels = cfg.data.square_pixels;
   const int64_t longest = *std::max_element(cfg.buckets.frames.begin(), cfg.buckets.frames.end());
   for (size_t i = size_t(worker); i < manifest.entries.size(); i += size_t(workers)) {
@@ -116,7 +116,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       CacheSample s;
       s.key = key;
       s.bucket = b.name();
-      if (d.text_encoder == "precomputed") {
+      if (d.text_encoder == TextEncoder::precomputed) {
         VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
         check_text_embedding(e.text_embedding, cfg.model);
         s.text_ref = e.text_embedding;

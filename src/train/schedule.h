@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <string>
 
+#include "core/config.h"
+
 namespace vidit {
 
 inline double learning_rate(int64_t step, int64_t total_steps, double peak, int64_t warmup,
-                            const std::string& schedule, double min_ratio) {
+                            Schedule schedule, double min_ratio) {
   if (step < warmup) return peak * double(step + 1) / double(warmup);
-  if (schedule == "constant") return peak;
+  if (schedule == Schedule::constant) return peak;
   const double span = double(std::max<int64_t>(1, total_steps - warmup));
   const double progress = std::min(1.0, double(step - warmup) / span);
   const double floor = peak * min_ratio;

@@ -151,12 +151,12 @@ TEST(Checkpoint, CorruptFilesGiveClearErrors) {
 }
 
 TEST(Schedule, WarmupThenCosine) {
-  EXPECT_DOUBLE_EQ(learning_rate(0, 100, 1.0, 10, "cosine", 0.1), 0.1);
-  EXPECT_DOUBLE_EQ(learning_rate(9, 100, 1.0, 10, "cosine", 0.1), 1.0);
-  EXPECT_DOUBLE_EQ(learning_rate(10, 100, 1.0, 10, "cosine", 0.1), 1.0);
-  EXPECT_NEAR(learning_rate(55, 100, 1.0, 10, "cosine", 0.1), 0.55, 1e-12);
-  EXPECT_NEAR(learning_rate(100, 100, 1.0, 10, "cosine", 0.1), 0.1, 1e-12);
-  EXPECT_DOUBLE_EQ(learning_rate(70, 100, 1.0, 10, "constant", 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(0, 100, 1.0, 10, Schedule::cosine, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(9, 100, 1.0, 10, Schedule::cosine, 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(10, 100, 1.0, 10, Schedule::cosine, 0.1), 1.0);
+  EXPECT_NEAR(learning_rate(55, 100, 1.0, 10, Schedule::cosine, 0.1), 0.55, 1e-12);
+  EXPECT_NEAR(learning_rate(100, 100, 1.0, 10, Schedule::cosine, 0.1), 0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(70, 100, 1.0, 10, Schedule::constant, 0.1), 1.0);
 }
 
 TEST(AdamW, NoDecayOnNormsBiasesModulation) {

@@ -8,6 +8,8 @@ cd "$ROOT"
 bash scripts/install_deps.sh
 BUILD_DIR=${BUILD_DIR:-build}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+# Paths below the checkout are hashed relative to it, so a fresh clone elsewhere (CI) hits the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
 # The precompiled header must not defeat ccache (its mtime changes on every configure).
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then

@@ -192,7 +192,10 @@ using NumList = std::vector<double>;
   KEY(double, bucket_mb, 25.0, positive, "data parallel: gradients are all-reduced in buckets of about this many MiB") \
   KEY(bool, reshard_after_forward, true, any, "FSDP: free a block's gathered weights after its forward") \
   KEY(bool, prefetch, true, any, "FSDP: issue the next block's all-gather before the current block runs") \
-  KEY(Precision, reduce_dtype, Precision::fp32, any, "FSDP: gradients reduce-scattered in \"fp32\" or \"bf16\"")
+  KEY(Precision, reduce_dtype, Precision::fp32, any, "FSDP: gradients reduce-scattered in \"fp32\" or \"bf16\"") \
+  KEY(bool, apply_all, false, any,                                                                     \
+      "apply tensor parallel and FSDP even at degree 1, so a one-process run (e.g. one GPU over NCCL) " \
+      "runs their code and collectives; for checks")
 
 #define VIDIT_CONFIG_FIELD(type, name, value, check, doc) type name = value;
 struct ModelConfig { VIDIT_MODEL_KEYS(VIDIT_CONFIG_FIELD) };

@@ -241,14 +241,11 @@ int64_t FullyShardedDataParallel::shard_bytes() const {
   return bytes;
 }
 
-std::vector<Cut> fsdp_cuts(int S) {
-  if (S == 1) return {};
-  return {Cut{Cut::Kind::Flat, "shard", 0, S}};
-}
+std::vector<Cut> fsdp_cuts(int S) { return {Cut{Cut::Kind::Flat, "shard", 0, S}}; }
 
 void apply_fsdp(ParallelModel& pm, const ParallelConfig& cfg) {
   const int S = pm.mesh().degree("shard");
-  if (S == 1) return;
+  if (S == 1 && !cfg.apply_all) return;
   auto fsdp = std::make_unique<FullyShardedDataParallel>(*pm.model(), pm.mesh(), cfg);
   pm.set_params(fsdp->shards());
   for (const auto& [name, shard] : fsdp->shards())

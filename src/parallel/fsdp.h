@@ -96,12 +96,12 @@ class FullyShardedDataParallel : public GradientSync {
   int64_t gathered_bytes_ = 0, peak_gathered_ = 0;
 };
 
-// The cut FSDP over S shards gives every parameter: Flat over "shard" (none when S == 1).
+// The cut FSDP over S shards gives every parameter: Flat over "shard".
 std::vector<Cut> fsdp_cuts(int S);
 
 // FSDP over the mesh's "shard" group: pm.params() become the shards, and every layout gets the
 // Flat cut. With tensor parallel, apply it first: FSDP then shards each member's parts.
-// Collective over the mesh.
+// Collective over the mesh; nothing when the degree is 1, unless cfg.apply_all.
 void apply_fsdp(ParallelModel& pm, const ParallelConfig& cfg);
 
 }  // namespace vidit

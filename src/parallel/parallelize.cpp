@@ -9,10 +9,10 @@ namespace vidit {
 
 std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg) {
   auto pm = std::make_unique<ParallelModel>(std::move(model), std::move(mesh));
-  apply_tensor_parallel(*pm);
+  apply_tensor_parallel(*pm, cfg.parallel);
   apply_sequence_parallel(*pm);
   pm->model()->recompute_blocks = cfg.train.recompute_blocks;
-  if (cfg.parallel.shard > 1)
+  if (cfg.parallel.shard > 1 || cfg.parallel.apply_all)
     apply_fsdp(*pm, cfg.parallel);
   else
     apply_data_parallel(*pm, cfg.parallel);
@@ -22,8 +22,10 @@ std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh
 Layouts planned_layouts(const TensorMap& whole, const ParallelConfig& p) {
   Layouts out = replicated_layouts(whole);
   for (auto& [name, l] : out) {
-    for (const Cut& c : tensor_parallel_cuts(name, int(p.tensor))) l.cuts.push_back(c);
-    for (const Cut& c : fsdp_cuts(int(p.shard))) l.cuts.push_back(c);
+    if (p.tensor > 1 || p.apply_all)
+      for (const Cut& c : tensor_parallel_cuts(name, int(p.tensor))) l.cuts.push_back(c);
+    if (p.shard > 1 || p.apply_all)
+      for (const Cut& c : fsdp_cuts(int(p.shard))) l.cuts.push_back(c);
   }
   return out;
 }

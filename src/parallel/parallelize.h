@@ -13,8 +13,10 @@
 //      or data parallel (data_parallel.h)     averages the gradients over "dp" (x "sp").
 // The order matters: tensor parallel cuts whole parameters and FSDP shards what each member
 // holds; recompute must see the attention functions sequence parallel installed. Each step is
-// a no-op at degree 1, so one process gets the same object with replicated layouts. A new
-// parallelism is one file with its apply_*(ParallelModel&, ...) and one line below.
+// a no-op at degree 1, so one process gets the same object with replicated layouts, unless
+// parallel.apply_all asks for tensor parallel and FSDP at degree 1 too (a one-GPU check of their
+// code over NCCL). A new parallelism is one file with its apply_*(ParallelModel&, ...) and one
+// line below.
 #pragma once
 #include <memory>
 

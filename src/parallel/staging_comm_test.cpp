@@ -5,16 +5,18 @@
 //    caller's tensors, views of their storage included;
 //  - one process started by mpirun (VIDIT_COMM=mpi) or torchrun (VIDIT_COMM=gloo; on a GPU
 //    machine VIDIT_COMM=nccl with CUDA weights and CPU control-plane scalars) trains through an
-//    engine of one member, with the data-parallel bucket reduction applied, and gives the losses
-//    and weights of the plain one-process run.
+//    engine of one member, with the data-parallel bucket reduction applied (or, with
+//    parallel.apply_all, tensor parallel and FSDP over one member: their gathers and
+//    reduce-scatters on the engine), and gives the losses and weights of the plain run.
 #include "parallel/staging_comm.h"
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
 #include "../../tests/test_util.h"
-#include "model/state_dict.h"
+#include "train/checkpoint.h"
 #include "parallel/data_parallel.h"
+#include "parallel/fsdp.h"
 #include "parallel/mpi_test_util.h"
 #include "train/trainer.h"
 
@@ -82,49 +84,63 @@ TEST(MpiWorker, OneProcessOverAnEngineTrainsLikeThePlainRun) {
   const std::string device_name = std::getenv("VIDIT_TEST_DEVICE") ? std::getenv("VIDIT_TEST_DEVICE") : "cpu";
   const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   test::ScratchDir dir("one_engine");
-  Config cfg = test::tiny_config({"train.steps=6", "train.warmup_steps=2", "train.batch_size=4",
-                                  "train.grad_accum=2", "train.out_dir=" + dir.path() + "/engine"});
+  Config cfg = test::tiny_config(test::sets_from_env("VIDIT_TEST_SETS", {"train.steps=6", "train.warmup_steps=2",
+                                 "train.batch_size=4", "train.grad_accum=2", "train.out_dir=" + dir.path() + "/engine"}));
   auto world = make_world_comm(detect_launch_env(), device.type());
   ASSERT_EQ(world->size(), 1);
   ASSERT_EQ(world->backend(), std::getenv("VIDIT_COMM"));
   auto data = std::make_shared<SyntheticDataset>(cfg, 32, 11);
   auto null_text = at::zeros({cfg.model.text_len, cfg.model.text_dim});
   Trainer engine(cfg, data, null_text, device, std::make_shared<Mesh>(cfg, world));
-  ASSERT_NE(engine.parallel_model().find<DataParallel>(), nullptr) << "the bucket reduction runs at degree 1";
+  if (cfg.parallel.apply_all) {
+    ASSERT_NE(engine.parallel_model().find<FullyShardedDataParallel>(), nullptr) << "FSDP runs at degree 1";
+    EXPECT_FALSE(engine.parallel_model().layouts().at("blocks.0.ffn.0.weight").cuts.empty());
+  } else {
+    ASSERT_NE(engine.parallel_model().find<DataParallel>(), nullptr) << "the bucket reduction runs at degree 1";
+  }
   std::vector<double> losses = engine.fit(-1, false);
   const CommTimes times = engine.mesh().comm_times();
   EXPECT_GT(times.by_op.at("all_reduce").calls, 0);   // totals, batch shares, buckets, norm
   EXPECT_GT(times.by_op.at("all_gather").calls, 0);   // slowest rank, RNG streams at the save
 
   Config one = cfg;
+  one.parallel = ParallelConfig{};
   one.train.out_dir = dir.path() + "/plain";
   Trainer plain(one, data, null_text, device);
   EXPECT_EQ(plain.mesh().world()->backend(), "single");
   const std::vector<double> want = plain.fit(-1, false);
   test::expect_losses(losses, want);
-  TensorMap a = state_dict(*engine.model()), b = state_dict(*plain.model());
+  TensorMap a = engine.weights(), b = plain.weights();
   for (auto& [k, t] : a) t = t.cpu();
   for (auto& [k, t] : b) t = t.cpu();
   test::expect_params(a, b, cfg.train.lr);
-  if (device.is_cpu()) {
+  if (device.is_cpu() && !cfg.parallel.apply_all) {
     // On the CPU the reductions over one member are exact: the runs agree bit for bit.
     for (const auto& [name, t] : b) EXPECT_TRUE(at::equal(a.at(name), t)) << name;
   }
-  std::printf("one process over %s on %s: final loss %.9g (plain %.9g)\n", world->backend().c_str(),
-              device_name.c_str(), losses.back(), want.back());
+  // Its checkpoint loads in the plain run.
+  plain.load(*latest_checkpoint(cfg.train.out_dir));
+  EXPECT_EQ(plain.steps_done(), cfg.train.steps);
+  std::printf("one process over %s on %s (%s): final loss %.9g (plain %.9g)\n", world->backend().c_str(),
+              device_name.c_str(), cfg.parallel.apply_all ? "FSDP and tensor parallel at degree 1" : "data parallel",
+              losses.back(), want.back());
 }
 
 TEST(Mpi, OneProcessOverMpiTrainsLikeThePlainRun) {
   VIDIT_REQUIRE_MPI();
-  test::expect_workers_passed(
-      test::mpirun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun", "VIDIT_COMM=mpi"), 1);
+  for (const char* sets : {"", "parallel.apply_all=true"})
+    test::expect_workers_passed(test::mpirun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun",
+                                                    std::string("VIDIT_COMM=mpi VIDIT_TEST_SETS='") + sets + "'"),
+                                1);
 }
 
 TEST(Torchrun, OneProcessOverGlooTrainsLikeThePlainRun) {
   std::string why;
   if (test::torchrun_launcher(&why, "gloo").empty()) GTEST_SKIP() << why;
-  test::expect_workers_passed(
-      test::torchrun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun", "VIDIT_COMM=gloo"), 1);
+  for (const char* sets : {"", "parallel.apply_all=true"})
+    test::expect_workers_passed(test::torchrun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun",
+                                                      std::string("VIDIT_COMM=gloo VIDIT_TEST_SETS='") + sets + "'"),
+                                1);
 }
 
 // GPU machines (bench/gpu/run.sh): the multi-GPU code path on one GPU, NCCL with CUDA weights
@@ -133,10 +149,13 @@ TEST(Torchrun, OneGpuOverNcclTrainsLikeThePlainRun) {
   std::string why;
   if (test::torchrun_launcher(&why, "nccl").empty()) GTEST_SKIP() << why;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible";
-  test::expect_workers_passed(
-      test::torchrun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun",
-                            "VIDIT_COMM=nccl VIDIT_TEST_DEVICE=cuda VIDIT_COMM_TIMEOUT_S=120", 300, "nccl"),
-      1);
+  for (const char* sets : {"", "parallel.apply_all=true"})
+    test::expect_workers_passed(
+        test::torchrun_worker(1, "MpiWorker.OneProcessOverAnEngineTrainsLikeThePlainRun",
+                              std::string("VIDIT_COMM=nccl VIDIT_TEST_DEVICE=cuda VIDIT_COMM_TIMEOUT_S=120 VIDIT_TEST_SETS='") +
+                                  sets + "'",
+                              300, "nccl"),
+        1);
 }
 
 }  // namespace

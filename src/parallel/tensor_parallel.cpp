@@ -45,7 +45,7 @@ at::Tensor tp_sum(const at::Tensor& x, const std::shared_ptr<Comm>& comm) {
 }
 
 std::vector<Cut> tensor_parallel_cuts(const std::string& name, int T) {
-  if (T == 1 || name.rfind("blocks.", 0) != 0) return {};
+  if (name.rfind("blocks.", 0) != 0) return {};
   const size_t dot = name.find('.', 7);
   if (dot == std::string::npos) return {};
   const std::string rest = name.substr(dot + 1);
@@ -64,10 +64,10 @@ std::vector<Cut> tensor_parallel_cuts(const std::string& name, int T) {
   return {};
 }
 
-void apply_tensor_parallel(ParallelModel& pm) {
+void apply_tensor_parallel(ParallelModel& pm, const ParallelConfig& cfg) {
   const Mesh& mesh = pm.mesh();
   const int T = mesh.degree("tensor"), rank = mesh.coord("tensor");
-  if (T == 1) return;
+  if (T == 1 && !cfg.apply_all) return;
   DiTImpl& model = *pm.model();
   std::shared_ptr<Comm> tp = mesh.group("tensor");
   FeatureSplit split;

@@ -41,13 +41,13 @@
 namespace vidit {
 
 // The cut parallel.tensor = T gives parameter `name`: a Split over "tensor" along dim 0 (rows)
-// or 1 (columns), or none (replicated; also for every parameter when T == 1).
+// or 1 (columns), or none (replicated).
 std::vector<Cut> tensor_parallel_cuts(const std::string& name, int T);
 
 // Splits the model's parameters over the mesh's "tensor" group (which must hold whole, equal
 // weights on every member), installs the hooks and records the cuts in the layouts. Not
-// collective; nothing when the degree is 1.
-void apply_tensor_parallel(ParallelModel& pm);
+// collective; nothing when the degree is 1, unless cfg.apply_all.
+void apply_tensor_parallel(ParallelModel& pm, const ParallelConfig& cfg);
 
 // The differentiable collectives, over `comm` (exposed for tests):
 // identity forward, all-reduce (sum) of the gradient backward;

@@ -59,7 +59,7 @@ TEST(MpiWorker, TensorParallelModelMatchesWholeModel) {
   (want * up).sum().backward();
 
   ParallelModel pm(model(), mesh);
-  apply_tensor_parallel(pm);
+  apply_tensor_parallel(pm, cfg.parallel);
   DiT& split = pm.model();
   EXPECT_EQ(split->blocks[0]->as<DiTBlockImpl>()->self_attn->heads, 4 / T);
   EXPECT_EQ(split->blocks[0]->as<DiTBlockImpl>()->fc1->weight.size(0), cfg.model.ffn_dim / T);

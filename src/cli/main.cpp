@@ -214,6 +214,8 @@ int cmd_demo(const CommonOpts& o, bool resume) {
 
 int main(int argc, char** argv) {
   vidit::keep_freed_memory();  // before any tensor exists
+  // Every line reaches a log file (a Slurm job's) as it is printed, also if the job is killed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"vidit: train video Diffusion Transformers with flow matching"};
   app.require_subcommand(1);
   CommonOpts o;

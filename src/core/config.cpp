@@ -75,6 +75,7 @@ void visit(C& c, F&& f) {
   { const char* section = "sample"; auto& s = c.sample; VIDIT_SAMPLE_KEYS(VIDIT_VISIT) }
   { const char* section = "demo"; auto& s = c.demo; VIDIT_DEMO_KEYS(VIDIT_VISIT) }
   { const char* section = "parallel"; auto& s = c.parallel; VIDIT_PARALLEL_KEYS(VIDIT_VISIT) }
+  { const char* section = "faults"; auto& s = c.faults; VIDIT_FAULT_KEYS(VIDIT_VISIT) }
 }
 #undef VIDIT_VISIT
 
@@ -281,14 +282,18 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void validate_config(const Config& c) {
   const std::string& f = c.source;
   // Each key's own check (config.h), then the relations between keys.
-  visit(c, [&](const char* section, const char* name, const auto& field, auto check, const char*) {
+  visit(c, [&](const char* section, const char* name, const auto& field, auto check, const char* doc) {
     if (const char* must = check(field)) {
       std::ostringstream got;
-      if constexpr (std::is_arithmetic_v<std::decay_t<decltype(field)>>)
+      using T = std::decay_t<decltype(field)>;
+      if constexpr (std::is_arithmetic_v<T>) {
         got << " (got " << field << ")";
-      else
-        got << " (each element)";
-      fail(f, ": '", section, ".", name, "' must be ", must, got.str());
+      } else if constexpr (std::is_same_v<T, Patch> || std::is_same_v<T, IntList> || std::is_same_v<T, NumList>) {
+        got << " (got [";
+        for (size_t i = 0; i < field.size(); ++i) got << (i ? ", " : "") << field[i];
+        got << "])";
+      }
+      fail(f, ": '", section, ".", name, "' must be ", must, got.str(), "; ", section, ".", name, ": ", doc);
     }
   });
   const auto& m = c.model;

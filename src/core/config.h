@@ -47,6 +47,8 @@ VIDIT_CONFIG_ENUM(Decoder, automatic, cpu, nvdec)
 VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
 // train.precision, parallel.reduce_dtype, data.cache_dtype.
 VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
+// faults.kind: what the fault injection does (resilience/fault_injection.h).
+VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, corrupt_checkpoint, truncate_checkpoint)
 // train.schedule after warm-up.
 VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 // diffusion.timestep_sampling of sigma.
@@ -154,6 +156,7 @@ using NumList = std::vector<double>;
   KEY(int64_t, log_every, 50, positive, "steps between log lines")                                     \
   KEY(int64_t, ckpt_every, 0, non_negative, "steps between checkpoints; 0: only at the end")           \
   KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \
+  KEY(int64_t, keep_every, 0, non_negative, "also keep every checkpoint whose step is a multiple of this; 0: none") \
   KEY(int64_t, threads, 0, non_negative, "intra-op threads; 0 = all cores")                            \
   KEY(double, peak_tflops, 0.0, non_negative, "per device, for MFU; 0 = from the GPU's name (core/peak_flops.h)") \
   KEY(int64_t, recompute_blocks, 0, block_count,                                                       \
@@ -197,6 +200,15 @@ using NumList = std::vector<double>;
       "apply tensor parallel and FSDP even at degree 1, so a one-process run (e.g. one GPU over NCCL) " \
       "runs their code and collectives; for checks")
 
+// Fault injection, part of the product and off by default (src/resilience/fault_injection.h):
+// what goes wrong, after which step, on which rank. For testing recovery with real jobs.
+#define VIDIT_FAULT_KEYS(KEY)                                                                          \
+  KEY(FaultKind, kind, FaultKind::none, any,                                                           \
+      "\"none\"; \"exit\" or \"kill\" (SIGKILL) the rank after the step; \"corrupt_checkpoint\" "          \
+      "(4 KiB of garbage) or \"truncate_checkpoint\" (half its size) in the model part of the step's checkpoint") \
+  KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
+  KEY(int64_t, rank, 0, non_negative, "the rank it happens on (checkpoint faults: rank 0 writes them)")
+
 #define VIDIT_CONFIG_FIELD(type, name, value, check, doc) type name = value;
 struct ModelConfig { VIDIT_MODEL_KEYS(VIDIT_CONFIG_FIELD) };
 struct DataConfig { VIDIT_DATA_KEYS(VIDIT_CONFIG_FIELD) };
@@ -206,6 +218,7 @@ struct TrainConfig { VIDIT_TRAIN_KEYS(VIDIT_CONFIG_FIELD) };
 struct SampleConfig { VIDIT_SAMPLE_KEYS(VIDIT_CONFIG_FIELD) };
 struct DemoConfig { VIDIT_DEMO_KEYS(VIDIT_CONFIG_FIELD) };
 struct ParallelConfig { VIDIT_PARALLEL_KEYS(VIDIT_CONFIG_FIELD) };
+struct FaultConfig { VIDIT_FAULT_KEYS(VIDIT_CONFIG_FIELD) };
 #undef VIDIT_CONFIG_FIELD
 
 struct Config {
@@ -217,6 +230,7 @@ struct Config {
   SampleConfig sample;
   DemoConfig demo;
   ParallelConfig parallel;
+  FaultConfig faults;
   std::string source;  // file it came from (for messages)
 };
 

@@ -97,7 +97,7 @@ TEST(Config, ChoicesAreCheckedWhenRead) {
   e = error_of("[train]\nema_decay = 1.0\n");
   EXPECT_NE(e.find("'train.ema_decay' must be in [0, 1) (got 1)"), std::string::npos) << e;
   e = error_of("", {"buckets.frames=[5, 0]"});
-  EXPECT_NE(e.find("'buckets.frames' must be > 0 (each element)"), std::string::npos) << e;
+  EXPECT_NE(e.find("'buckets.frames' must be > 0 (got [5, 0])"), std::string::npos) << e;
 }
 
 // docs/CONFIG.md is what `vidit keys` prints from the declarations.

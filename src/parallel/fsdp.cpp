@@ -45,7 +45,8 @@ int unit_index(const std::string& name) {
 }  // namespace
 
 FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg)
-    : shard_(mesh.group("shard")),
+    : model_(&model),
+      shard_(mesh.group("shard")),
       replicate_(mesh.group("replicate")),
       sp_(mesh.group("sp")),
       S_(shard_->size()),
@@ -135,6 +136,7 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
     }
   }
   for (auto& p : params_) torch::autograd::impl::post_acc_grad_hooks(p).reset();
+  model_->hooks = ForwardHooks{};  // they point at this object
 }
 
 void FullyShardedDataParallel::start_gather(Unit& u) {

@@ -82,6 +82,7 @@ class FullyShardedDataParallel : public GradientSync {
   void on_grad_ready(int param);
   void start_reduce(Unit& u);
 
+  DiTImpl* model_;  // whose forward hooks drive the gathers (reset on destruction)
   std::shared_ptr<Comm> shard_, replicate_, sp_;
   int S_ = 1, rank_ = 0;
   bool reduce_bf16_ = false;

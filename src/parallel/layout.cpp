@@ -102,6 +102,7 @@ at::Tensor join_parts(const Layout& layout, const std::vector<at::Tensor>& parts
 
 at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, const Mesh& mesh) {
   at::NoGradGuard no_grad;
+  if (layout.cuts.empty()) return local.detach().clone();
   at::Tensor t = local.detach().contiguous();
   for (size_t i = layout.cuts.size(); i-- > 0;) {
     const Cut& c = layout.cuts[i];
@@ -123,7 +124,7 @@ at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, const Mes
       t = all.narrow(0, 0, numel).reshape(before).clone();
     }
   }
-  return t.is_same(local) ? t.clone() : t;
+  return t;
 }
 
 double global_norm(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh) {

@@ -1,5 +1,7 @@
 #include "parallel/parallel_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace vidit {
@@ -23,6 +25,9 @@ TensorMap ParallelModel::whole_shapes() const {
 void ParallelModel::add_cut(const std::string& name, const Cut& cut) {
   auto it = layouts_.find(name);
   VIDIT_CHECK(it != layouts_.end(), "layout: no parameter '", name, "'");
+  // Checkpoint parts and writers are numbered over the mesh dimensions themselves.
+  VIDIT_CHECK(std::find(std::begin(kMeshDims), std::end(kMeshDims), cut.over) != std::end(kMeshDims),
+              "layout: '", name, "' is cut over '", cut.over, "', which is not a mesh dimension");
   it->second.cuts.push_back(cut);
 }
 

@@ -10,6 +10,9 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace vidit {
 namespace fs = std::filesystem;
 
@@ -72,6 +75,48 @@ Layout layout_from_json(const nlohmann::json& j) {
   return l;
 }
 
+// The checksum of a tensor's bytes (contiguous), as 16 hex digits.
+std::string checksum(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                (unsigned long long)XXH3_64bits(c.data_ptr(), size_t(c.numel()) * c.element_size()));
+  return hex;
+}
+
+std::string sums_name(int64_t index, int64_t count) {
+  char name[64];
+  std::snprintf(name, sizeof name, "sums.part-%05lld-of-%05lld.json", (long long)index, (long long)count);
+  return name;
+}
+
+// Writes `tensors` to `path`, reads the file back and checks every tensor against what was meant
+// to be written; returns the file's entry of the manifest (its size, each tensor's checksum).
+nlohmann::json write_verified(const std::string& path, const TensorMap& tensors) {
+  std::map<std::string, std::string> want;
+  for (const auto& [key, t] : tensors) want[key] = checksum(t.cpu());
+  save_safetensors(path, tensors);
+  MappedFile file(path, "checkpoint part");
+  const TensorMap back = view_safetensors(file.data(), file.size(), path);
+  VIDIT_CHECK(back.size() == want.size(), "checkpoint part '", path, "' reads back ", back.size(), " tensors, not ",
+              want.size(), ": the storage lost data");
+  nlohmann::json sums = nlohmann::json::object();
+  for (const auto& [key, t] : back) {
+    const std::string got = checksum(t);
+    VIDIT_CHECK(want.count(key) && want.at(key) == got, "checkpoint part '", path, "': '", key,
+                "' reads back different from what was written (storage fault)");
+    sums[key] = got;
+  }
+  return {{"bytes", file.size()}, {"tensors", sums}};
+}
+
+bool is_committed(const fs::path& dir) {
+  const std::string n = dir.filename().string();
+  return n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos && fs::exists(dir / "meta.json");
+}
+
+int64_t step_of(const fs::path& dir) { return std::stoll(dir.filename().string().substr(5)); }
+
 }  // namespace
 
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step) {
@@ -79,22 +124,35 @@ std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step) {
 }
 
 std::string begin_checkpoint(const std::string& out_dir, int64_t step) {
-  fs::create_directories(fs::path(out_dir) / "checkpoints");
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  fs::create_directories(root);
+  // Saves that never committed (a killed run) leave .tmp directories: one save runs at a time,
+  // so every one found now is stale.
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp")
+      fs::remove_all(e.path());
+  }
   fs::path tmp = checkpoint_tmp_dir(out_dir, step);
-  fs::remove_all(tmp);
   fs::create_directories(tmp);
   return tmp.string();
 }
 
 void write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& s, bool has_ema) {
   fs::path tmp(tmp_dir);
-  auto name = [&](const char* what) { return (tmp / part_name(what, s.part.index, s.part.count())).string(); };
-  save_safetensors(name("model"), s.model);
-  if (has_ema) save_safetensors(name("ema"), s.ema);
-  save_safetensors(name("optimizer"), s.optimizer);
+  nlohmann::json files = nlohmann::json::object();
+  auto write = [&](const char* what, const TensorMap& m) {
+    const std::string file = part_name(what, s.part.index, s.part.count());
+    files[file] = write_verified((tmp / file).string(), m);
+  };
+  write("model", s.model);
+  if (has_ema) write("ema", s.ema);
+  write("optimizer", s.optimizer);
+  // This part's entries of the manifest: written last, so its presence means the part is done.
+  write_file_atomic((tmp / sums_name(s.part.index, s.part.count())).string(), files.dump());
 }
 
-std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep, int64_t keep_every) {
   fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = step_name(s.step);
   fs::path final_dir = root / name, tmp = root / (name + ".tmp");
@@ -108,48 +166,109 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
   for (const auto& [name, l] : s.layouts) layouts[name] = layout_json(l);
   meta["layouts"] = layouts;
   meta["parts"] = {{"dims", s.part.dims}, {"degrees", s.part.degrees}};
+  // The manifest: every part's files, sizes and tensor checksums, each part verified by its
+  // writer. Committed only when every part is there with the size its writer recorded.
+  nlohmann::json manifest = {{"parts", s.part.count()}, {"files", nlohmann::json::object()}};
+  for (int64_t i = 0; i < s.part.count(); ++i) {
+    const fs::path sums = tmp / sums_name(i, s.part.count());
+    std::ifstream in(sums);
+    VIDIT_CHECK(in, "checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(),
+                " was not written (no ", sums.filename().string(), "): not committing it");
+    nlohmann::json part;
+    try {
+      in >> part;
+    } catch (const nlohmann::json::exception& e) {
+      fail("checkpoint '", sums.string(), "' is malformed: ", e.what());
+    }
+    for (const auto& [file, entry] : part.items()) {
+      VIDIT_CHECK(fs::exists(tmp / file) && fs::file_size(tmp / file) == entry.at("bytes").get<uintmax_t>(),
+                  "checkpoint '", tmp.string(), "': ", file, " is missing or not the size its writer recorded");
+      manifest["files"][file] = entry;
+    }
+  }
+  write_file_atomic((tmp / "manifest.json").string(), manifest.dump(1));
   write_file_atomic((tmp / "meta.json").string(), meta.dump(2));
-  fs::remove_all(final_dir);
+  // Re-saving a step that exists: the old one stays until the new one is in place.
+  const fs::path old = root / (name + ".old");
+  fs::remove_all(old);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);
   fs::rename(tmp, final_dir);
   write_file_atomic((root / "latest").string(), name + "\n");
+  fs::remove_all(old);
 
-  // Prune the oldest complete checkpoints beyond `keep` (never the one just written).
+  // Retention: the newest `keep` committed checkpoints, and every `keep_every`-th step; the one
+  // just written is always among them.
   std::vector<fs::path> all;
-  for (const auto& e : fs::directory_iterator(root)) {
-    std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos)
-      all.push_back(e.path());
-  }
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && is_committed(e.path())) all.push_back(e.path());
   std::sort(all.begin(), all.end());
   for (size_t i = 0; i + keep < all.size(); ++i)
-    if (all[i] != final_dir) fs::remove_all(all[i]);
+    if (all[i] != final_dir && !(keep_every > 0 && step_of(all[i]) % keep_every == 0)) fs::remove_all(all[i]);
   return final_dir.string();
 }
 
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
   VIDIT_CHECK(s.part.count() == 1, "save_checkpoint writes states of one part");
   write_checkpoint_part(begin_checkpoint(out_dir, s.step), s, !s.ema.empty());
-  return commit_checkpoint(out_dir, s, keep);
+  return commit_checkpoint(out_dir, s, keep, 0);
+}
+
+std::vector<std::string> checkpoint_candidates(const std::string& out_dir) {
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  std::vector<std::string> out;
+  if (!fs::is_directory(root)) return out;
+  // Every committed checkpoint (meta.json is written last, after the manifest), newest first.
+  // `latest` names the newest too, but is not needed: a missing or stale pointer (a crash
+  // between the rename and its update) changes nothing.
+  std::vector<fs::path> all;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && is_committed(e.path())) all.push_back(e.path());
+  std::sort(all.begin(), all.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
+  for (const auto& d : all) out.push_back(d.string());
+  return out;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
-  fs::path pointer = fs::path(out_dir) / "checkpoints" / "latest";
-  std::ifstream in(pointer);
-  if (!in) return std::nullopt;
-  std::string name;
-  std::getline(in, name);
-  fs::path dir = pointer.parent_path() / name;
-  VIDIT_CHECK(!name.empty() && fs::is_directory(dir), "'", pointer.string(), "' points to '", name,
-              "' which does not exist: remove the pointer or restore the directory");
-  return dir.string();
+  const std::vector<std::string> all = checkpoint_candidates(out_dir);
+  if (all.empty()) return std::nullopt;
+  return all[0];
+}
+
+std::string set_aside_checkpoint(const std::string& dir) {
+  fs::path bad = dir + ".corrupt";
+  fs::remove_all(bad);
+  fs::rename(dir, bad);
+  return bad.string();
 }
 
 struct CheckpointReader::Part {
+  std::string name;  // file name in the directory
   std::unique_ptr<MappedFile> file;
   TensorMap tensors;  // views into the mapping
 };
 
+namespace {
+// Runs `f`, turning every failure into CheckpointCorrupt.
+template <class F>
+auto as_corrupt(F&& f) {
+  try {
+    return f();
+  } catch (const CheckpointCorrupt&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointCorrupt(e.what());
+  } catch (const std::exception& e) {
+    throw CheckpointCorrupt(e.what());
+  }
+}
+}  // namespace
+
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  as_corrupt([&] { open(); });
+}
+
+void CheckpointReader::open() {
+  const std::string& dir = dir_;
   fs::path d(dir);
   CheckpointState& s = meta_;
   std::ifstream in(d / "meta.json");
@@ -200,6 +319,23 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
   }
+  nlohmann::json manifest;
+  if (fs::exists(d / "manifest.json")) {
+    std::ifstream m(d / "manifest.json");
+    try {
+      m >> manifest;
+      for (const auto& [file, entry] : manifest.at("files").items()) {
+        const uintmax_t bytes = entry.at("bytes").get<uintmax_t>();
+        VIDIT_CHECK(fs::exists(d / file) && fs::file_size(d / file) == bytes, "checkpoint '", dir, "': ", file,
+                    fs::exists(d / file) ? " has " + std::to_string(fs::file_size(d / file)) + " bytes, the manifest says " +
+                                               std::to_string(bytes) + " (truncated or overwritten)"
+                                         : std::string(" is missing"));
+        for (const auto& [key, sum] : entry.at("tensors").items()) sums_[file][key] = sum.get<std::string>();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail("checkpoint '", (d / "manifest.json").string(), "' is malformed: ", e.what());
+    }
+  }
   for (const char* what : {"model", "ema", "optimizer"}) {
     if (std::string(what) == "ema" && !fs::exists(d / file_of(what, 0))) continue;  // saved without EMA
     std::vector<Part>& parts = parts_[what];
@@ -209,6 +345,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
                   count > 1 ? " (" + std::to_string(count) + " parts expected)" : std::string(),
                   ": it was not saved completely");
       Part p;
+      p.name = f.filename().string();
       p.file = std::make_unique<MappedFile>(f.string(), "checkpoint file");
       p.tensors = view_safetensors(p.file->data(), p.file->size(), f.string());
       parts.push_back(std::move(p));
@@ -235,12 +372,25 @@ std::vector<std::string> CheckpointReader::keys(const std::string& what) const {
 // A cut tensor is put together from its pieces: the piece at coordinates c (over its cuts, in
 // row-major order) is in the part with c on those dimensions and 0 on the others.
 at::Tensor CheckpointReader::whole(const std::string& what, const std::string& key) const {
+  return as_corrupt([&] { return assemble(what, key); });
+}
+
+at::Tensor CheckpointReader::assemble(const std::string& what, const std::string& key) const {
   const std::vector<Part>& ps = parts(what);
   const std::string name = state_param(key, meta_.layouts);
   auto lookup = [&](size_t part) {
-    const TensorMap& p = ps.at(part).tensors;
-    auto it = p.find(key);
-    VIDIT_CHECK(it != p.end(), "checkpoint '", dir_, "': part ", part, " of ", what, " lacks '", key, "'");
+    const Part& pt = ps.at(part);
+    auto it = pt.tensors.find(key);
+    VIDIT_CHECK(it != pt.tensors.end(), "checkpoint '", dir_, "': part ", part, " of ", what, " lacks '", key, "'");
+    // What is read is verified against the manifest's checksum.
+    auto file = sums_.find(pt.name);
+    if (file != sums_.end()) {
+      auto sum = file->second.find(key);
+      VIDIT_CHECK(sum != file->second.end(), "checkpoint '", dir_, "': the manifest has no checksum of '", key,
+                  "' in ", pt.name);
+      VIDIT_CHECK(checksum(it->second) == sum->second, "checkpoint '", dir_, "': '", key, "' in ", pt.name,
+                  " does not match its checksum (the file was corrupted after it was written)");
+    }
     return it->second;
   };
   if (name.empty() || meta_.layouts.at(name).cuts.empty()) return lookup(0).clone();

@@ -1,10 +1,19 @@
 // Training checkpoints. One directory per save:
-//   <out_dir>/checkpoints/step_00000100/{model,ema,optimizer}.safetensors + meta.json
+//   <out_dir>/checkpoints/step_00000100/{model,ema,optimizer}.safetensors + manifest.json + meta.json
 // meta.json holds the step, the resolved config, the data sampler position and the EMA count;
-// optimizer.safetensors also holds the RNG state ("rng/train"). A save is atomic: files are
-// written (fsync'd) into step_N.tmp/, the directory is renamed, and only then is the
-// <out_dir>/checkpoints/latest pointer replaced, so a crash at any point leaves the previous
-// checkpoint intact and `latest` valid. Older checkpoints beyond `keep` are removed last.
+// optimizer.safetensors also holds the RNG state ("rng/train").
+//
+// Trust: every writer writes its files (fsync'd) into step_N.tmp/, reads each back and checks
+// every tensor against a checksum (xxHash3-64) of what it meant to write, then records the
+// files' sizes and checksums in sums.part-*.json. The commit checks that every part is there at
+// the recorded size, writes manifest.json (all of them) and meta.json (last: a directory with
+// meta.json is committed), renames the directory into place (a step saved again replaces the old
+// one only once the new one is complete), and only then updates the `latest` pointer. A crash at
+// any point leaves every committed checkpoint intact; stale .tmp directories are removed by the
+// next save. Loading verifies each tensor it reads against the manifest and names the file and
+// tensor that fail; Trainer::resume then falls back to the next newest checkpoint, setting the
+// bad one aside as step_N.corrupt. Retention keeps the newest `keep` committed checkpoints and
+// every `keep_every`-th step.
 //
 // Distributed: the tensors are saved as the ranks hold them, in parts described by layouts
 // (parallel/layout.h) and written by one rank each (CheckpointPart there):
@@ -29,11 +38,20 @@
 #include <vector>
 #include <string>
 
+#include "core/error.h"
 #include "core/safetensors.h"
 #include "loader/epoch_sampler.h"
 #include "parallel/layout.h"
 
 namespace vidit {
+
+// A checkpoint whose files do not verify: missing, truncated, corrupted or malformed (every
+// failure of CheckpointReader). Trainer::resume sets such a checkpoint aside and falls back to
+// an older one; any other failure of a load (a config that does not match) is not this.
+class CheckpointCorrupt : public Error {
+ public:
+  using Error::Error;
+};
 
 struct CheckpointState {
   int64_t step = 0;
@@ -54,9 +72,15 @@ std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // wh
 // Writes state.model, optimizer and (with_ema) ema as part state.part.index; a part may hold
 // no tensor of a kind and is written all the same.
 void write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema);
-std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
-// Directory named by <out_dir>/checkpoints/latest, if any.
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep,
+                              int64_t keep_every);
+// Every committed checkpoint under <out_dir>/checkpoints, newest first (a missing or stale
+// `latest` pointer changes nothing), and the newest, if any.
+std::vector<std::string> checkpoint_candidates(const std::string& out_dir);
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
+// Renames a checkpoint that failed verification to <dir>.corrupt (kept for inspection, no longer
+// a candidate or counted by retention); returns the new name.
+std::string set_aside_checkpoint(const std::string& dir);
 // Loads a checkpoint directory whole; throws vidit::Error naming the file on anything missing or bad.
 CheckpointState load_checkpoint(const std::string& dir);
 
@@ -66,7 +90,8 @@ CheckpointState load_checkpoint(const std::string& dir);
 // load_checkpoint() reads everything through it.
 class CheckpointReader {
  public:
-  // Reads meta.json and maps every file; throws naming the first one missing or malformed.
+  // Reads meta.json and the manifest and maps every file; throws CheckpointCorrupt naming the
+  // first one missing, malformed or not of its recorded size.
   explicit CheckpointReader(const std::string& dir);
   ~CheckpointReader();
   const std::string& dir() const { return dir_; }
@@ -74,17 +99,22 @@ class CheckpointReader {
   const CheckpointState& meta() const { return meta_; }
   bool has(const std::string& what) const;  // "model", "ema" (absent when saved without), "optimizer"
   std::vector<std::string> keys(const std::string& what) const;
-  // The whole tensor under `key` (an owned copy), put together from its parts.
+  // The whole tensor under `key` (an owned copy), put together from its parts, each verified
+  // against the manifest's checksum; throws CheckpointCorrupt naming the file and tensor.
   at::Tensor whole(const std::string& what, const std::string& key) const;
   // Every key's whole shape and dtype, as tensors on the meta device (for checks before reading).
   TensorMap shapes(const std::string& what) const;
 
  private:
   struct Part;
+  void open();
+  at::Tensor assemble(const std::string& what, const std::string& key) const;
   const std::vector<Part>& parts(const std::string& what) const;
   std::string dir_;
   CheckpointState meta_;
   std::map<std::string, std::vector<Part>> parts_;
+  // From manifest.json (checkpoints before it have none): file -> tensor -> checksum.
+  std::map<std::string, std::map<std::string, std::string>> sums_;
 };
 
 }  // namespace vidit

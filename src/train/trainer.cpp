@@ -45,7 +45,8 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       device_(device),
       mesh_(own_mesh(cfg, std::move(mesh))),
       gen_(at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg, *data_, *mesh_))),
-      info_(model_info(cfg)) {
+      info_(model_info(cfg)),
+      faults_(cfg.faults, mesh_->rank()) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   torch::manual_seed(cfg.train.seed);
   DiT model(cfg.model);
@@ -92,6 +93,16 @@ std::string Trainer::save() {
       optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * own.numel(), own.numel()).to(at::kByte);
   }
   s.optimizer = mine(optimizer);
+  // A non-finite state is never saved: every rank checks what it holds, and all agree.
+  std::string bad;
+  for (const TensorMap* m : {&s.model, &s.ema, &s.optimizer})
+    for (const auto& [key, t] : *m)
+      if (bad.empty() && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) bad = key;
+  at::Tensor nonfinite = at::tensor({bad.empty() ? 0.0 : 1.0}, at::kDouble);
+  mesh_->world()->all_reduce(nonfinite, ReduceOp::Max)->wait();
+  VIDIT_CHECK(nonfinite.item<double>() == 0, "refusing to save step ", step_, ": the training state is not finite (",
+              bad.empty() ? "on another rank" : "'" + bad + "' on rank " + std::to_string(mesh_->rank()),
+              "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   // Rank 0 opens the directory, the writers write their parts between barriers, rank 0 commits.
@@ -102,7 +113,7 @@ std::string Trainer::save() {
   });
   if (writer) write_checkpoint_part(checkpoint_tmp_dir(tc.out_dir, step_), s, ema_ != nullptr);
   mesh_->world()->barrier();
-  return is_lead() ? commit_checkpoint(tc.out_dir, s, tc.keep_checkpoints) : std::string();
+  return is_lead() ? commit_checkpoint(tc.out_dir, s, tc.keep_checkpoints, tc.keep_every) : std::string();
 }
 
 void Trainer::load(const std::string& dir) {
@@ -182,10 +193,41 @@ MicroBatch Trainer::stand_in() const {
 }
 
 bool Trainer::resume() {
-  auto dir = latest_checkpoint(cfg_.train.out_dir);
-  if (!dir) return false;
-  load(*dir);
-  return true;
+  // The newest checkpoint that loads and verifies on every rank; each one that fails is named
+  // with the reason and set aside, and the next older one is tried.
+  const std::vector<std::string> candidates = checkpoint_candidates(cfg_.train.out_dir);
+  std::string failures;
+  for (const std::string& dir : candidates) {
+    // 0: loaded; 1: the checkpoint does not verify; 2: it does not fit this run (config).
+    std::string why;
+    double status = 0;
+    try {
+      load(dir);
+    } catch (const CheckpointCorrupt& e) {
+      why = e.what(), status = 1;
+    } catch (const Error& e) {
+      why = e.what(), status = 2;
+    }
+    at::Tensor failed = at::tensor({status}, at::kDouble);
+    mesh_->world()->all_reduce(failed, ReduceOp::Max)->wait();
+    VIDIT_CHECK(failed.item<double>() < 2, "cannot resume from ", dir, ": ",
+                why.empty() ? "it does not fit this run on another rank" : why);
+    if (failed.item<double>() == 0) {
+      if (!failures.empty() && is_lead())
+        std::fprintf(stderr, "resuming from %s instead (step %lld)\n", dir.c_str(), (long long)step_);
+      return true;
+    }
+    if (is_lead()) {
+      std::fprintf(stderr, "checkpoint %s cannot be used: %s\n", dir.c_str(),
+                   why.empty() ? "it failed on another rank" : why.c_str());
+      std::fprintf(stderr, "  set aside as %s\n", set_aside_checkpoint(dir).c_str());
+    }
+    mesh_->world()->barrier();
+    failures += "\n  " + dir + ": " + (why.empty() ? "failed on another rank" : why);
+  }
+  VIDIT_CHECK(failures.empty(), "no checkpoint in ", cfg_.train.out_dir, "/checkpoints can be resumed:", failures,
+              "\nmove them away to start from step 0, or fix the config to match them");
+  return false;
 }
 
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
@@ -213,6 +255,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (cfg_.train.trace_steps > 0 && step_ == trace_from)
       trace::start(mesh_->rank(), "rank " + std::to_string(mesh_->rank()));
     StepResult r = step();
+    faults_.after_step(r.step);
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
@@ -226,11 +269,12 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (logger) logger->log(m);
     }
     if (step_ == trace_to) finish_trace();
-    if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until) save();
+    if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until)
+      faults_.after_save(r.step, save());
     if (after_step) after_step(r);
   }
   finish_trace();
-  save();
+  faults_.after_save(step_, save());
   if (console && is_lead() && mesh_->world()->backend() != "single") {
     // Where rank 0 waited, over the whole run, by collective.
     const CommTimes times = mesh_->comm_times();

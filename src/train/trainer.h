@@ -25,6 +25,7 @@
 #include "loader/dataset.h"
 #include "parallel/mesh.h"
 #include "parallel/parallel_model.h"
+#include "resilience/fault_injection.h"
 #include "model/dit.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
@@ -113,6 +114,7 @@ class Trainer {
   MicroBatch last_batch_;
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
+  FaultInjector faults_;     // [faults]: off unless a test asks
 };
 
 }  // namespace vidit

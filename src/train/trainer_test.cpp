@@ -148,6 +148,42 @@ TEST(Checkpoint, CorruptFilesGiveClearErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ffn.0.weight"), std::string::npos) << e.what();
   }
+  // A checkpoint that does not fit the config is not corrupt: it stays where it is.
+  EXPECT_EQ(checkpoint_candidates(d2.path()).size(), 1u);
+}
+
+// The checkpoint directory recovers by itself: a missing `latest` pointer changes nothing (the
+// scan finds the newest committed checkpoint), a save killed half-way (a .tmp directory) is
+// removed by the next save, saving a step again replaces it safely, and a truncated newest
+// checkpoint is set aside for the one before it. Retention keeps every keep_every-th step.
+TEST(Checkpoint, DirectoryRecoversByItself) {
+  ScratchDir dir("ckpt_recover");
+  Config c = tiny_config({"train.steps=6", "train.ckpt_every=1", "train.keep_checkpoints=2", "train.keep_every=3",
+                          "train.out_dir=\"" + dir.path() + "\""});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.fit(4, false);
+  const std::filesystem::path root = dir.path() + "/checkpoints";
+  // Kept: the newest two (3 and 4); 2 and 1 are gone.
+  EXPECT_TRUE(std::filesystem::exists(root / "step_00000003"));
+  EXPECT_FALSE(std::filesystem::exists(root / "step_00000002"));
+  std::filesystem::remove(root / "latest");
+  std::filesystem::create_directories(root / "step_00000005.tmp");
+  {
+    Trainer r(c, synthetic(c), null_text(c));
+    ASSERT_TRUE(r.resume());
+    EXPECT_EQ(r.steps_done(), 4);
+    r.save();  // step 4 again: replaces the committed one
+    EXPECT_FALSE(std::filesystem::exists(root / "step_00000005.tmp")) << "stale .tmp left behind";
+    EXPECT_FALSE(std::filesystem::exists(root / "step_00000004.old"));
+  }
+  std::filesystem::resize_file(root / "step_00000004" / "optimizer.safetensors", 64);
+  Trainer r(c, synthetic(c), null_text(c));
+  ASSERT_TRUE(r.resume());
+  EXPECT_EQ(r.steps_done(), 3);
+  EXPECT_TRUE(std::filesystem::exists(root / "step_00000004.corrupt"));
+  // And training goes on from there, as the uninterrupted run did.
+  std::vector<double> rest = r.fit(-1, false);
+  EXPECT_EQ(rest.size(), 3u);
 }
 
 TEST(Schedule, WarmupThenCosine) {

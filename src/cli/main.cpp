@@ -23,6 +23,7 @@
 #include "parallel/comm.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
+#include "resilience/stop_signal.h"
 #include "parallel/plan.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
@@ -117,7 +118,12 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
     if (lead && found) std::printf("resumed from step %lld\n", (long long)trainer.steps_done());
     else if (lead) std::printf("no checkpoint in %s/checkpoints: starting from step 0\n", cfg.train.out_dir.c_str());
   }
+  install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps);
+  if (trainer.stopped_by_request()) {
+    if (lead) std::printf("stopped at step %lld; run the same command with --resume to continue\n", (long long)trainer.steps_done());
+    return kRestartStatus;
+  }
   if (lead)
     std::printf("done: %lld steps, final loss %.9g, checkpoint in %s/checkpoints\n", (long long)trainer.steps_done(),
                 losses.empty() ? 0.0 : losses.back(), cfg.train.out_dir.c_str());

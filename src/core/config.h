@@ -48,7 +48,7 @@ VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
 // train.precision, parallel.reduce_dtype, data.cache_dtype.
 VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
 // faults.kind: what the fault injection does (resilience/fault_injection.h).
-VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, corrupt_checkpoint, truncate_checkpoint)
+VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, corrupt_checkpoint, truncate_checkpoint)
 // train.schedule after warm-up.
 VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 // diffusion.timestep_sampling of sigma.
@@ -204,7 +204,7 @@ using NumList = std::vector<double>;
 // what goes wrong, after which step, on which rank. For testing recovery with real jobs.
 #define VIDIT_FAULT_KEYS(KEY)                                                                          \
   KEY(FaultKind, kind, FaultKind::none, any,                                                           \
-      "\"none\"; \"exit\" or \"kill\" (SIGKILL) the rank after the step; \"corrupt_checkpoint\" "          \
+      "\"none\"; \"exit\", \"kill\" (SIGKILL) or \"sigterm\" (a scheduler's stop) the rank after the step; \"corrupt_checkpoint\" " \
       "(4 KiB of garbage) or \"truncate_checkpoint\" (half its size) in the model part of the step's checkpoint") \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
   KEY(int64_t, rank, 0, non_negative, "the rank it happens on (checkpoint faults: rank 0 writes them)")

@@ -22,6 +22,12 @@ void FaultInjector::after_step(int64_t step) {
     std::fflush(nullptr);
     std::_Exit(17);
   }
+  if (cfg_.kind == FaultKind::sigterm) {
+    fired_ = true;
+    std::fprintf(stderr, "fault injection: rank %d sends itself SIGTERM after step %lld\n", rank_, (long long)step);
+    ::raise(SIGTERM);
+    return;
+  }
   if (cfg_.kind == FaultKind::kill) {
     fired_ = true;
     std::fprintf(stderr, "fault injection: rank %d kills itself (SIGKILL) after step %lld\n", rank_, (long long)step);

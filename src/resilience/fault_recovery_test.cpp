@@ -31,9 +31,10 @@ void expect_same_weights(const std::string& a, const std::string& b) {
 struct FaultCase {
   const char* name;
   const char* fault;        // --set items for the faulty run
-  bool fault_ends_job;      // the faulty run exits non-zero (a rank died)
   const char* resumed_from; // the checkpoint the resume must start from
-  const char* says;         // what the resume (or the faulty run) must report
+  const char* says;         // what the resume must report
+  const char* fault_says;   // what the faulty run must report
+  int fault_status;         // its exit status (-1: any non-zero)
 };
 
 class FaultRecovery : public ::testing::TestWithParam<FaultCase> {};
@@ -49,11 +50,12 @@ TEST_P(FaultRecovery, ResumesFromTheNewestGoodCheckpointAndEqualsTheUninterrupte
   // The faulty run: checkpoint faults act on the save of step 6, after which it stops
   // (--max-steps 6); a rank that dies takes the job down (mpirun ends the others).
   auto broken = test::mpirun(2, train_command(faulty, c.fault) + " --max-steps 6", 180);
-  if (c.fault_ends_job)
+  if (c.fault_status < 0)
     EXPECT_NE(broken.status, 0) << broken.output;
   else
-    EXPECT_EQ(broken.status, 0) << broken.output;
+    EXPECT_EQ(broken.status, c.fault_status) << broken.output;
   EXPECT_NE(broken.output.find("fault injection:"), std::string::npos) << broken.output;
+  EXPECT_NE(broken.output.find(c.fault_says), std::string::npos) << broken.output;
 
   // The same command again with --resume: no person decides where to start.
   auto resumed = test::mpirun(2, train_command(faulty) + " --resume", 180);
@@ -68,14 +70,19 @@ INSTANTIATE_TEST_SUITE_P(
     Mpi, FaultRecovery,
     ::testing::Values(
         // A rank killed (SIGKILL) after step 5: the work since step 4 is lost, nothing else.
-        FaultCase{"KilledRank", "faults.kind=kill faults.step=5 faults.rank=1", true, "4", "resumed from step 4"},
+        FaultCase{"KilledRank", "faults.kind=kill faults.step=5 faults.rank=1", "4", "resumed from step 4",
+                  "kills itself", -1},
+        // A scheduler's SIGTERM to one rank (preemption): every rank stops after the same step,
+        // the step is saved, the job exits with the restart status, and nothing is lost.
+        FaultCase{"Sigterm", "faults.kind=sigterm faults.step=5 faults.rank=1", "5", "resumed from step 5",
+                  "stopped at step 5; run the same command with --resume", 75},
         // The newest checkpoint's bytes rot after it was committed: found by its checksum, set
         // aside, and step 4 is used.
-        FaultCase{"CorruptNewest", "faults.kind=corrupt_checkpoint faults.step=6", false, "4",
-                  "does not match its checksum"},
+        FaultCase{"CorruptNewest", "faults.kind=corrupt_checkpoint faults.step=6", "4", "does not match its checksum",
+                  "flipped 4096 bytes", 0},
         // The newest checkpoint's model part is cut to half its size.
-        FaultCase{"TruncatedNewest", "faults.kind=truncate_checkpoint faults.step=6", false, "4",
-                  "truncated or overwritten"}),
+        FaultCase{"TruncatedNewest", "faults.kind=truncate_checkpoint faults.step=6", "4", "truncated or overwritten",
+                  "truncated", 0}),
     [](const ::testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "core/peak_flops.h"
 #include "core/trace.h"
 #include "parallel/parallelize.h"
+#include "resilience/stop_signal.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 
@@ -272,6 +273,17 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until)
       faults_.after_save(r.step, save());
     if (after_step) after_step(r);
+    // A stop asked for by a signal (resilience/stop_signal.h) on any rank: all ranks agree
+    // after this step, save below and return.
+    at::Tensor stop = at::tensor({stop_requested() ? 1.0 : 0.0}, at::kDouble);
+    mesh_->world()->all_reduce(stop, ReduceOp::Max)->wait();
+    if (stop.item<double>() > 0) {
+      stopped_ = true;
+      if (is_lead())
+        std::printf("stop requested (signal %d%s) after step %lld: saving a checkpoint and exiting\n", stop_signal(),
+                    stop_signal() ? "" : " on another rank", (long long)step_);
+      break;
+    }
   }
   finish_trace();
   faults_.after_save(step_, save());

@@ -79,6 +79,8 @@ class Trainer {
   bool is_lead() const { return mesh_->rank() == 0; }
 
   int64_t steps_done() const { return step_; }
+  // fit() returned early, after a save, because a signal asked the run to stop.
+  bool stopped_by_request() const { return stopped_; }
   DiT& model() { return pm_->model(); }
   const ParallelModel& parallel_model() const { return *pm_; }
   const Mesh& mesh() const { return *mesh_; }
@@ -115,6 +117,7 @@ class Trainer {
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
   FaultInjector faults_;     // [faults]: off unless a test asks
+  bool stopped_ = false;
 };
 
 }  // namespace vidit

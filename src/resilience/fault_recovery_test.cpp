@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../../tests/test_util.h"
 #include "parallel/mpi_test_util.h"
@@ -64,6 +66,11 @@ TEST_P(FaultRecovery, ResumesFromTheNewestGoodCheckpointAndEqualsTheUninterrupte
       << resumed.output;
   EXPECT_NE(resumed.output.find(c.says), std::string::npos) << resumed.output;
   expect_same_weights(faulty, straight);
+  // metrics.jsonl has every step once, across the failure and the restart.
+  std::ifstream metrics(faulty + "/metrics.jsonl");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(metrics, line);) steps.push_back(nlohmann::json::parse(line).at("step"));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,7 +1,10 @@
 #include "train/metrics.h"
 
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
 
 namespace vidit {
 
@@ -14,9 +17,25 @@ std::string format_duration(double s) {
   return buf;
 }
 
-MetricsLogger::MetricsLogger(const std::string& path, bool append, bool console)
+MetricsLogger::MetricsLogger(const std::string& path, bool append, bool console, int64_t resumed_step)
     : console_(console), start_(std::chrono::steady_clock::now()) {
-  if (!path.empty()) jsonl_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (path.empty()) return;
+  if (append && resumed_step >= 0) {
+    std::ifstream in(path);
+    std::string kept, line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A torn last line (the run was killed while writing it) goes too.
+      if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > resumed_step) {
+        dropped = true;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    if (dropped) write_file_atomic(path, kept);
+  }
+  jsonl_.open(path, append ? std::ios::app : std::ios::trunc);
 }
 
 void MetricsLogger::log(const StepMetrics& m) {

@@ -24,7 +24,10 @@ struct StepMetrics {
 class MetricsLogger {
  public:
   // `jsonl_path` empty: console only. `append`: continue an existing file (resume).
-  MetricsLogger(const std::string& jsonl_path, bool append, bool console = true);
+  // `append`: continue the file of a resumed run, dropping the lines of steps after
+  // `resumed_step` (logged by the run that stopped, and about to be trained again), so a restart
+  // leaves each step once.
+  MetricsLogger(const std::string& jsonl_path, bool append, bool console = true, int64_t resumed_step = -1);
   void log(const StepMetrics& m);
 
  private:

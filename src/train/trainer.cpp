@@ -237,7 +237,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   std::unique_ptr<MetricsLogger> logger;
   if (is_lead()) {
     std::filesystem::create_directories(cfg_.train.out_dir);
-    logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console);
+    logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console, step_);
   }
   std::vector<double> losses;
   // The trace skips the run's first step (allocations, first gathers) and records the next ones.

@@ -64,7 +64,7 @@ void MetricsLogger::log(const StepMetrics& m) {
   std::string bar(filled, '#');
   bar.append(width - filled, '-');
   char comm[96] = "";
-  if (m.comm_wait_s > 0 && m.step_seconds > 0) {  // nothing to say in one process
+  if (m.comm_wait_s >= 0 && m.step_seconds > 0) {
     int n = std::snprintf(comm, sizeof comm, " | comm wait %.0f%%", 100.0 * m.comm_wait_s / m.step_seconds);
     // A straggler: one rank computing 20% (and 50 ms) longer than the median rank.
     if (m.slowest_rank >= 0 && m.median_busy_s > 0 && m.slowest_busy_s > 1.2 * m.median_busy_s &&

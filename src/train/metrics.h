@@ -14,7 +14,7 @@ struct StepMetrics {
   double samples_per_s = 0, tokens_per_s = 0, tflops = 0;  // achieved TFLOP/s (all ranks)
   double data_wait_s = 0;  // waiting for batches (a loader that keeps up makes this ~0)
   double mfu = -1;  // tflops over the devices' peak (-1: peak unknown, e.g. on the CPU)
-  double comm_wait_s = -1;  // this rank's time blocked in collectives (0 in one process; -1: not measured)
+  double comm_wait_s = -1;  // this rank's time blocked in collectives (-1: one process, nothing to wait for)
   // Distributed: the rank that computed longest this step (step time minus time blocked in
   // collectives: a slow node makes the others wait, so it is busiest), and the median over ranks.
   int slowest_rank = -1;

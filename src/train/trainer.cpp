@@ -263,7 +263,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
-      m.comm_wait_s = r.comm_wait_s;
+      m.comm_wait_s = mesh_->world()->backend() == "single" ? -1 : r.comm_wait_s;  // alone: nothing to wait for
       m.data_wait_s = r.data_wait_s;
       if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());
       find_slowest(r, m);  // collective: every rank logs the same steps

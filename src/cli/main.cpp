@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include "core/config.h"
@@ -23,6 +24,7 @@
 #include "parallel/comm.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
+#include "resilience/run_lock.h"
 #include "resilience/stop_signal.h"
 #include "parallel/plan.h"
 #include "model/model_info.h"
@@ -77,7 +79,23 @@ at::Device train_device(const Config& cfg, const LaunchEnv& env) {
   return at::Device(at::kCUDA, int8_t(process_gpu(env, int(gpus))));
 }
 
-int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
+// --fresh: what an earlier run left in out_dir (checkpoints, metrics) is moved, not deleted, to
+// <out_dir>/previous-<UTC time>/.
+void set_aside_previous_run(const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "previous-%Y%m%d-%H%M%S", std::gmtime(&now));
+  const fs::path aside = fs::path(out_dir) / stamp;
+  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl"}) {
+    if (!fs::exists(fs::path(out_dir) / name)) continue;
+    fs::create_directories(aside);
+    fs::rename(fs::path(out_dir) / name, aside / name);
+  }
+  if (fs::exists(aside)) std::printf("--fresh: the earlier run's checkpoints and metrics are now in %s\n", aside.c_str());
+}
+
+int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
   Config cfg = load_config(o.config, o.sets);
   // Distributed: the launcher's environment says who we are; a mesh that cannot fit is refused
   // before MPI starts.
@@ -96,6 +114,16 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
                   env.world, env.launcher.c_str(), mesh->world()->backend().c_str(), dp, mesh->degree("shard"),
                   mesh->degree("sp"), mesh->degree("ulysses"), mesh->degree("ring"), mesh->degree("tensor"));
   }
+  // Rank 0 holds out_dir for this run alone, and checks that a checkpoint fits there; an error
+  // here ends every rank (main's abort_world).
+  std::unique_ptr<RunLock> lock;
+  if (lead) {
+    lock = std::make_unique<RunLock>(cfg.train.out_dir);
+    if (!lock->took_over().empty()) std::printf("%s\n", lock->took_over().c_str());
+    const double copies = 3 + (cfg.train.ema_decay > 0 ? 1 : 0);  // weights, AdamW's two moments, EMA
+    check_out_dir(cfg.train.out_dir, uint64_t(1.1 * copies * 4 * double(model_info(cfg).params)));
+    if (fresh) set_aside_previous_run(cfg.train.out_dir);
+  }
   std::shared_ptr<BatchSource> data;
   if (cfg.data.source == DataSource::demo) {
     // Each rank renders the (deterministic) demo videos and caches them in its own folder.
@@ -113,7 +141,9 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
                                               cfg.train.seed, dp_rank, dp);
   }
   Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), device, mesh);
-  if (resume) {
+  // A run continues from the newest good checkpoint in its out_dir (a restart by the launcher
+  // or the scheduler needs no flag); --fresh starts at step 0 (the old run set aside above).
+  if (!fresh) {
     const bool found = trainer.resume();
     if (lead && found) std::printf("resumed from step %lld\n", (long long)trainer.steps_done());
     else if (lead) std::printf("no checkpoint in %s/checkpoints: starting from step 0\n", cfg.train.out_dir.c_str());
@@ -121,7 +151,7 @@ int cmd_train(const CommonOpts& o, bool resume, int64_t max_steps) {
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps);
   if (trainer.stopped_by_request()) {
-    if (lead) std::printf("stopped at step %lld; run the same command with --resume to continue\n", (long long)trainer.steps_done());
+    if (lead) std::printf("stopped at step %lld; run the same command to continue\n", (long long)trainer.steps_done());
     return kRestartStatus;
   }
   if (lead)
@@ -241,7 +271,12 @@ int main(int argc, char** argv) {
   auto* keys = app.add_subcommand("keys", "every configuration key with its type, default and doc (Markdown)");
   auto* train = app.add_subcommand("train", "train a model");
   add_common(train, o);
-  train->add_flag("--resume", resume, "continue from the latest checkpoint in train.out_dir");
+  bool fresh = false;
+  train->add_flag("--fresh", fresh,
+                  "start at step 0 even when train.out_dir has checkpoints (they and the metrics are moved to "
+                  "<out_dir>/previous-<time>/); without it a run continues from the newest good checkpoint");
+  bool resume_flag = false;
+  train->add_flag("--resume", resume_flag, "the default (kept for scripts that pass it)");
   train->add_option("--max-steps", max_steps, "stop after this step (the schedule still uses train.steps)");
   auto* sample = app.add_subcommand("sample", "generate videos from a checkpoint");
   add_common(sample, o);
@@ -266,7 +301,7 @@ int main(int argc, char** argv) {
     if (info->parsed()) return cmd_info(o);
     if (keys->parsed()) return std::printf("%s", config_reference().c_str()) < 0;
     if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib);
-    if (train->parsed()) return cmd_train(o, resume, max_steps);
+    if (train->parsed()) return cmd_train(o, fresh, max_steps);
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
     if (demo->parsed()) return cmd_demo(o, resume);
     if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);

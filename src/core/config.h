@@ -48,7 +48,8 @@ VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
 // train.precision, parallel.reduce_dtype, data.cache_dtype.
 VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
 // faults.kind: what the fault injection does (resilience/fault_injection.h).
-VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, corrupt_checkpoint, truncate_checkpoint)
+VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, hang, slow, nan_grad, bitflip, corrupt_checkpoint,
+                  truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save)
 // train.schedule after warm-up.
 VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 // diffusion.timestep_sampling of sigma.
@@ -146,6 +147,8 @@ using NumList = std::vector<double>;
   KEY(double, beta2, 0.99, below_one, "AdamW beta2")                                                   \
   KEY(double, adam_eps, 1e-8, positive, "AdamW epsilon")                                               \
   KEY(double, grad_clip, 1.0, non_negative, "global-norm clip; 0 disables")                            \
+  KEY(int64_t, skip_nonfinite, 5, non_negative,                                                        \
+      "steps in a row with a non-finite gradient norm that are skipped (no update) before the run stops") \
   KEY(double, ema_decay, 0.999, below_one, "EMA of the weights; 0 disables")                           \
   KEY(uint64_t, seed, 0, any, "seeds init, data order, noise and timesteps")                           \
   KEY(Precision, precision, Precision::fp32, any,                                                      \
@@ -155,6 +158,14 @@ using NumList = std::vector<double>;
   KEY(std::string, out_dir, "runs/demo", any, "checkpoints, metrics.jsonl, samples")                  \
   KEY(int64_t, log_every, 50, positive, "steps between log lines")                                     \
   KEY(int64_t, ckpt_every, 0, non_negative, "steps between checkpoints; 0: only at the end")           \
+  KEY(double, ckpt_every_minutes, 0.0, non_negative,                                                   \
+      "also checkpoint when this many minutes passed since the last save (rank 0's clock); 0: off")    \
+  KEY(bool, ckpt_async, true, any,                                                                     \
+      "training pauses only to copy its state to host memory; a background thread writes it")          \
+  KEY(double, ckpt_timeout_s, 1800.0, positive, "a save whose parts are not all written by then fails") \
+  KEY(int64_t, ckpt_failures_max, 3, positive, "consecutive failed saves after which the run stops")   \
+  KEY(double, stall_timeout_s, 1800.0, non_negative,                                                   \
+      "a rank that makes no progress (no step, no load) for this long ends itself (exit 86); 0: off")   \
   KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \
   KEY(int64_t, keep_every, 0, non_negative, "also keep every checkpoint whose step is a multiple of this; 0: none") \
   KEY(int64_t, threads, 0, non_negative, "intra-op threads; 0 = all cores")                            \
@@ -204,10 +215,15 @@ using NumList = std::vector<double>;
 // what goes wrong, after which step, on which rank. For testing recovery with real jobs.
 #define VIDIT_FAULT_KEYS(KEY)                                                                          \
   KEY(FaultKind, kind, FaultKind::none, any,                                                           \
-      "\"none\"; \"exit\", \"kill\" (SIGKILL) or \"sigterm\" (a scheduler's stop) the rank after the step; \"corrupt_checkpoint\" " \
-      "(4 KiB of garbage) or \"truncate_checkpoint\" (half its size) in the model part of the step's checkpoint") \
+      "\"none\"; after the step, on the rank: \"exit\", \"kill\" (SIGKILL), \"sigterm\" (a scheduler's stop), "  \
+      "\"hang\" (stops making progress), \"slow\" (every step from then on takes faults.seconds longer), "  \
+      "\"nan_grad\" (NaN in its gradients, in step faults.step itself), \"bitflip\" (one bit of one weight); in the "   \
+      "step's checkpoint: \"corrupt_checkpoint\" (4 KiB of garbage) or \"truncate_checkpoint\" (half its size) " \
+      "in the model part; while the rank writes it: \"disk_full\" (ENOSPC), \"io_error\" (EIO at fsync), "     \
+      "\"slow_storage\" (faults.seconds per file), \"kill_in_save\" (SIGKILL mid-file)")                    \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
-  KEY(int64_t, rank, 0, non_negative, "the rank it happens on (checkpoint faults: rank 0 writes them)")
+  KEY(int64_t, rank, 0, non_negative, "the rank it happens on (corrupt/truncate_checkpoint: rank 0 does them)") \
+  KEY(double, seconds, 2.0, non_negative, "slow: seconds added to each step; slow_storage: to each file written")
 
 #define VIDIT_CONFIG_FIELD(type, name, value, check, doc) type name = value;
 struct ModelConfig { VIDIT_MODEL_KEYS(VIDIT_CONFIG_FIELD) };

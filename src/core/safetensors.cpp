@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/storage.h"
 
 namespace vidit {
 namespace {
@@ -32,73 +33,56 @@ const char* dtype_name(at::ScalarType t, const std::string& key) {
   fail("safetensors: tensor '", key, "' has dtype ", c10::toString(t), " which cannot be stored");
 }
 
-void write_all(int fd, const char* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    VIDIT_CHECK(w > 0, "write to '", path, "' failed: ", std::strerror(errno),
-                " (is the disk full?)");
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-void fsync_dir(const std::string& path) {
-  auto dir = std::filesystem::path(path).parent_path();
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  VIDIT_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
-  try {
-    write_all(fd, bytes.data(), bytes.size(), tmp);
-    VIDIT_CHECK(::fsync(fd) == 0, "fsync of '", tmp, "' failed: ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  local_storage().write_atomic(path, bytes);
+}
+
+void write_safetensors(WritableFile& file, const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [key, t] : tensors) {
+    VIDIT_CHECK(t.defined(), "safetensors: tensor '", key, "' is undefined (writing '", file.path(), "')");
+    const uint64_t bytes = uint64_t(t.numel()) * t.element_size();
+    header[key] = {{"dtype", dtype_name(t.scalar_type(), key)},
+                   {"shape", t.sizes().vec()},
+                   {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
-  ::close(fd);
-  VIDIT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename '", tmp, "' -> '", path,
-              "' failed: ", std::strerror(errno));
-  fsync_dir(path);
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');  // keep the data 8-byte aligned
+  char length[8];
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  file.append(length, 8);
+  file.append(json.data(), json.size());
+  // Each tensor straight from its memory (CPU, contiguous: no copy), in the header's order.
+  for (const auto& [key, t] : tensors) {
+    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    file.append(c.data_ptr(), size_t(c.numel()) * c.element_size());
+  }
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> cpu;
-  cpu.reserve(tensors.size());
-  uint64_t offset = 0;
-  for (const auto& [key, t] : tensors) {
-    VIDIT_CHECK(t.defined(), "safetensors: tensor '", key, "' is undefined (writing '", path, "')");
-    at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    uint64_t bytes = c.numel() * c.element_size();
-    header[key] = {{"dtype", dtype_name(c.scalar_type(), key)},
-                   {"shape", c.sizes().vec()},
-                   {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    cpu.push_back(c);
+  Storage& disk = local_storage();
+  const std::string tmp = path + ".tmp";
+  {
+    std::unique_ptr<WritableFile> f = disk.create(tmp);
+    try {
+      write_safetensors(*f, tensors, metadata);
+      f->sync();
+      f->close();
+    } catch (...) {
+      f.reset();
+      ::unlink(tmp.c_str());
+      throw;
+    }
   }
-  std::string json = header.dump();
-  while ((8 + json.size()) % 8 != 0) json.push_back(' ');  // keep the data 8-byte aligned
-  std::string out;
-  out.reserve(8 + json.size() + offset);
-  uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += json;
-  for (const auto& c : cpu)
-    out.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-  write_file_atomic(path, out);
+  disk.rename(tmp, path);
+  disk.sync_dir(std::filesystem::path(path).parent_path().string());
 }
 
 namespace {

@@ -16,6 +16,12 @@ using TensorMap = std::map<std::string, at::Tensor>;
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+class WritableFile;
+// Streams `tensors` (any device; copied to CPU one at a time when not there) as one safetensors
+// file into `file` (no fsync, no close: the caller's). Used by the checkpoint writer.
+void write_safetensors(WritableFile& file, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
 // Reads every tensor of `path` into owned CPU tensors. Throws vidit::Error naming the file and
 // the offending tensor on a malformed header, unknown dtype, bad offsets or a truncated file.
 TensorMap load_safetensors(const std::string& path,

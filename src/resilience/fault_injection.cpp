@@ -3,36 +3,89 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <limits>
+#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "core/error.h"
+#include "resilience/faulty_storage.h"
 
 namespace vidit {
 namespace fs = std::filesystem;
 
-void FaultInjector::after_step(int64_t step) {
-  if (fired_ || step != cfg_.step || rank_ != int(cfg_.rank)) return;
-  if (cfg_.kind == FaultKind::exit) {
-    fired_ = true;
-    std::fprintf(stderr, "fault injection: rank %d exits after step %lld\n", rank_, (long long)step);
-    std::fflush(nullptr);
-    std::_Exit(17);
-  }
-  if (cfg_.kind == FaultKind::sigterm) {
-    fired_ = true;
-    std::fprintf(stderr, "fault injection: rank %d sends itself SIGTERM after step %lld\n", rank_, (long long)step);
-    ::raise(SIGTERM);
+void FaultInjector::after_step(int64_t step, const TensorMap& params) {
+  if (cfg_.kind == FaultKind::slow && rank_ == int(cfg_.rank) && step >= cfg_.step) {
+    if (step == cfg_.step)
+      std::fprintf(stderr, "fault injection: rank %d is slow (%.2f s more per step) from step %lld\n", rank_,
+                   cfg_.seconds, (long long)step);
+    std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.seconds));
     return;
   }
-  if (cfg_.kind == FaultKind::kill) {
-    fired_ = true;
-    std::fprintf(stderr, "fault injection: rank %d kills itself (SIGKILL) after step %lld\n", rank_, (long long)step);
-    ::kill(::getpid(), SIGKILL);
+  if (!mine(step)) return;
+  switch (cfg_.kind) {
+    case FaultKind::exit:
+      fired_ = true;
+      std::fprintf(stderr, "fault injection: rank %d exits after step %lld\n", rank_, (long long)step);
+      std::fflush(nullptr);
+      std::_Exit(17);
+    case FaultKind::sigterm:
+      fired_ = true;
+      std::fprintf(stderr, "fault injection: rank %d sends itself SIGTERM after step %lld\n", rank_, (long long)step);
+      ::raise(SIGTERM);
+      return;
+    case FaultKind::kill:
+      fired_ = true;
+      std::fprintf(stderr, "fault injection: rank %d kills itself (SIGKILL) after step %lld\n", rank_, (long long)step);
+      ::kill(::getpid(), SIGKILL);
+      return;
+    case FaultKind::hang:
+      fired_ = true;
+      std::fprintf(stderr, "fault injection: rank %d hangs after step %lld\n", rank_, (long long)step);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(3600));
+    case FaultKind::bitflip: {
+      fired_ = true;
+      // Bit 22 (the top mantissa bit) of the first element of the first floating weight: the
+      // value moves by up to half of itself, and nothing notices by itself.
+      for (const auto& [name, p] : params) {
+        if (p.scalar_type() != at::kFloat || p.numel() == 0) continue;
+        at::NoGradGuard ng;
+        at::Tensor flat = p.detach().view(-1);
+        const float before = flat[0].item<float>();
+        at::Tensor bits = flat.narrow(0, 0, 1).view(at::kInt);
+        bits.bitwise_xor_(1 << 22);
+        std::fprintf(stderr, "fault injection: rank %d flipped bit 22 of %s[0] after step %lld (%g -> %g)\n", rank_,
+                     name.c_str(), (long long)step, before, flat[0].item<float>());
+        return;
+      }
+      return;
+    }
+    default:
+      return;
   }
+}
+
+bool FaultInjector::poison_loss(int64_t step) {
+  if (cfg_.kind != FaultKind::nan_grad || !mine(step)) return false;
+  fired_ = true;
+  std::fprintf(stderr, "fault injection: rank %d makes its loss NaN in step %lld (NaN gradients)\n", rank_,
+               (long long)step);
+  return true;
+}
+
+Storage& FaultInjector::storage_for_save(int64_t step, Storage& base) {
+  const FaultKind k = cfg_.kind;
+  if (k != FaultKind::disk_full && k != FaultKind::io_error && k != FaultKind::slow_storage &&
+      k != FaultKind::kill_in_save)
+    return base;
+  if (!mine(step)) return base;
+  fired_ = true;
+  storage_ = std::make_unique<FaultyStorage>(base, k, cfg_.seconds);
+  return *storage_;
 }
 
 void FaultInjector::after_save(int64_t step, const std::string& dir) {

@@ -1,33 +1,51 @@
 // Fault injection, part of the product and off by default ([faults] in the config): a real job
 // is made to fail the way clusters fail, so that every recovery mechanism is shown working by a
-// run of the real binary under a real launcher (src/resilience/fault_recovery_test.cpp).
-//  - exit, kill, sigterm: after step `faults.step`, rank `faults.rank` exits (status 17), sends
-//                 itself SIGKILL (no handler, no flush: a node that dies) or SIGTERM (what a
-//                 scheduler sends to preempt; stop_signal.h);
-//  - corrupt_checkpoint, truncate_checkpoint: after the checkpoint of step `faults.step` is
-//                 committed, rank 0 overwrites 4 KiB in the middle of its first model part with
-//                 garbage, or truncates that file to half its size (bit rot, a torn copy).
-// Each fault fires once per process and says on stderr what it did.
+// run of the real binary under a real launcher (src/resilience/fault_recovery_test.cpp,
+// tests/faults/run_matrix.sh). On rank `faults.rank`:
+//  - after step `faults.step`: exit (status 17), kill (SIGKILL: no handler, no flush: a node
+//    that dies), sigterm (a scheduler's preemption; stop_signal.h), hang (stops making
+//    progress: the watchdog, watchdog.h, ends it), slow (every later step takes
+//    `faults.seconds` longer: a slow node), bitflip (one bit of one weight flips: silent data
+//    corruption);
+//  - nan_grad: in step `faults.step`, its loss, and so its gradients, become NaN (what an
+//    overflow does); the gradient reductions carry the NaN to every rank, and every rank skips
+//    that update (train_step.cpp);
+//  - while it writes its part of the checkpoint of step `faults.step`: disk_full, io_error,
+//    slow_storage, kill_in_save (faulty_storage.h);
+//  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
+//    overwrites 4 KiB in the middle of its first model part with garbage, or truncates that
+//    file to half its size (bit rot, a torn copy).
+// Each fault fires once per process (slow: from then on) and says on stderr what it did.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/config.h"
+#include "core/safetensors.h"
+#include "core/storage.h"
 
 namespace vidit {
 
 class FaultInjector {
  public:
   FaultInjector(const FaultConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {}
-  // After step `step` completed on this rank.
-  void after_step(int64_t step);
+  // After step `step` completed on this rank; `params` are the weights this rank holds.
+  void after_step(int64_t step, const TensorMap& params);
+  // In step `step`: true when this rank's loss is to be made NaN (so its gradients are, and
+  // the reductions carry them to every rank).
+  bool poison_loss(int64_t step);
+  // The storage the save of `step` writes through: `base`, or a failing wrapper over it.
+  Storage& storage_for_save(int64_t step, Storage& base);
   // After the checkpoint of `step` was committed in `dir` (rank 0's view; "" on other ranks).
   void after_save(int64_t step, const std::string& dir);
 
  private:
+  bool mine(int64_t step) const { return !fired_ && step == cfg_.step && rank_ == int(cfg_.rank); }
   FaultConfig cfg_;
   int rank_;
   bool fired_ = false;
+  std::unique_ptr<Storage> storage_;  // the failing storage, once made
 };
 
 }  // namespace vidit

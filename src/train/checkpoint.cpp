@@ -6,9 +6,12 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
+#include <chrono>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "core/storage.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -92,10 +95,15 @@ std::string sums_name(int64_t index, int64_t count) {
 
 // Writes `tensors` to `path`, reads the file back and checks every tensor against what was meant
 // to be written; returns the file's entry of the manifest (its size, each tensor's checksum).
-nlohmann::json write_verified(const std::string& path, const TensorMap& tensors) {
+nlohmann::json write_verified(Storage& storage, const std::string& path, const TensorMap& tensors) {
   std::map<std::string, std::string> want;
   for (const auto& [key, t] : tensors) want[key] = checksum(t.cpu());
-  save_safetensors(path, tensors);
+  {
+    std::unique_ptr<WritableFile> f = storage.create(path);
+    write_safetensors(*f, tensors);
+    f->sync();
+    f->close();
+  }
   MappedFile file(path, "checkpoint part");
   const TensorMap back = view_safetensors(file.data(), file.size(), path);
   VIDIT_CHECK(back.size() == want.size(), "checkpoint part '", path, "' reads back ", back.size(), " tensors, not ",
@@ -108,6 +116,12 @@ nlohmann::json write_verified(const std::string& path, const TensorMap& tensors)
     sums[key] = got;
   }
   return {{"bytes", file.size()}, {"tensors", sums}};
+}
+
+std::string failed_name(int64_t index, int64_t count) {
+  char name[64];
+  std::snprintf(name, sizeof name, "failed.part-%05lld-of-%05lld.txt", (long long)index, (long long)count);
+  return name;
 }
 
 bool is_committed(const fs::path& dir) {
@@ -123,36 +137,49 @@ std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step) {
   return (fs::path(out_dir) / "checkpoints" / (step_name(step) + ".tmp")).string();
 }
 
-std::string begin_checkpoint(const std::string& out_dir, int64_t step) {
+std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
-  fs::create_directories(root);
+  storage.create_dirs(root.string());
   // Saves that never committed (a killed run) leave .tmp directories: one save runs at a time,
   // so every one found now is stale.
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string n = e.path().filename().string();
     if (e.is_directory() && n.rfind("step_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp")
-      fs::remove_all(e.path());
+      storage.remove_all(e.path().string());
   }
   fs::path tmp = checkpoint_tmp_dir(out_dir, step);
-  fs::create_directories(tmp);
+  storage.create_dirs(tmp.string());
   return tmp.string();
 }
 
-void write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& s, bool has_ema) {
+uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& s, bool has_ema, Storage& storage) {
   fs::path tmp(tmp_dir);
   nlohmann::json files = nlohmann::json::object();
+  uint64_t bytes = 0;
   auto write = [&](const char* what, const TensorMap& m) {
     const std::string file = part_name(what, s.part.index, s.part.count());
-    files[file] = write_verified((tmp / file).string(), m);
+    files[file] = write_verified(storage, (tmp / file).string(), m);
+    bytes += files[file].at("bytes").get<uint64_t>();
   };
   write("model", s.model);
   if (has_ema) write("ema", s.ema);
   write("optimizer", s.optimizer);
   // This part's entries of the manifest: written last, so its presence means the part is done.
-  write_file_atomic((tmp / sums_name(s.part.index, s.part.count())).string(), files.dump());
+  storage.write_atomic((tmp / sums_name(s.part.index, s.part.count())).string(), files.dump());
+  return bytes;
 }
 
-std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep, int64_t keep_every) {
+void fail_checkpoint_part(const std::string& tmp_dir, const CheckpointPart& part, const std::string& why,
+                          Storage& storage) {
+  try {
+    storage.write_atomic((fs::path(tmp_dir) / failed_name(part.index, part.count())).string(), why + "\n");
+  } catch (const std::exception&) {
+    // The storage that failed the part may fail this too: the commit then waits out its time.
+  }
+}
+
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep, int64_t keep_every,
+                              Storage& storage, double wait_s) {
   fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = step_name(s.step);
   fs::path final_dir = root / name, tmp = root / (name + ".tmp");
@@ -169,11 +196,22 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
   // The manifest: every part's files, sizes and tensor checksums, each part verified by its
   // writer. Committed only when every part is there with the size its writer recorded.
   nlohmann::json manifest = {{"parts", s.part.count()}, {"files", nlohmann::json::object()}};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
   for (int64_t i = 0; i < s.part.count(); ++i) {
-    const fs::path sums = tmp / sums_name(i, s.part.count());
+    const fs::path sums = tmp / sums_name(i, s.part.count()), failed = tmp / failed_name(i, s.part.count());
+    // Parts written by other ranks' writers come when they come: wait for each (or its failure).
+    while (!fs::exists(sums) && !fs::exists(failed) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (fs::exists(failed)) {
+      std::ifstream why(failed);
+      std::string line;
+      std::getline(why, line);
+      fail("checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(), " failed on its writer: ", line);
+    }
     std::ifstream in(sums);
-    VIDIT_CHECK(in, "checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(),
-                " was not written (no ", sums.filename().string(), "): not committing it");
+    VIDIT_CHECK(in, "checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(), " was not written",
+                wait_s > 0 ? " within train.ckpt_timeout_s (" + std::to_string(int64_t(wait_s)) + " s)" : std::string(),
+                " (no ", sums.filename().string(), "): not committing it");
     nlohmann::json part;
     try {
       in >> part;
@@ -186,15 +224,16 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
       manifest["files"][file] = entry;
     }
   }
-  write_file_atomic((tmp / "manifest.json").string(), manifest.dump(1));
-  write_file_atomic((tmp / "meta.json").string(), meta.dump(2));
+  storage.write_atomic((tmp / "manifest.json").string(), manifest.dump(1));
+  storage.write_atomic((tmp / "meta.json").string(), meta.dump(2));
   // Re-saving a step that exists: the old one stays until the new one is in place.
   const fs::path old = root / (name + ".old");
-  fs::remove_all(old);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old);
-  fs::rename(tmp, final_dir);
-  write_file_atomic((root / "latest").string(), name + "\n");
-  fs::remove_all(old);
+  storage.remove_all(old.string());
+  if (fs::exists(final_dir)) storage.rename(final_dir.string(), old.string());
+  storage.rename(tmp.string(), final_dir.string());
+  storage.sync_dir(root.string());
+  storage.write_atomic((root / "latest").string(), name + "\n");
+  storage.remove_all(old.string());
 
   // Retention: the newest `keep` committed checkpoints, and every `keep_every`-th step; the one
   // just written is always among them.
@@ -203,14 +242,14 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
     if (e.is_directory() && is_committed(e.path())) all.push_back(e.path());
   std::sort(all.begin(), all.end());
   for (size_t i = 0; i + keep < all.size(); ++i)
-    if (all[i] != final_dir && !(keep_every > 0 && step_of(all[i]) % keep_every == 0)) fs::remove_all(all[i]);
+    if (all[i] != final_dir && !(keep_every > 0 && step_of(all[i]) % keep_every == 0)) storage.remove_all(all[i].string());
   return final_dir.string();
 }
 
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
   VIDIT_CHECK(s.part.count() == 1, "save_checkpoint writes states of one part");
-  write_checkpoint_part(begin_checkpoint(out_dir, s.step), s, !s.ema.empty());
-  return commit_checkpoint(out_dir, s, keep, 0);
+  write_checkpoint_part(begin_checkpoint(out_dir, s.step, local_storage()), s, !s.ema.empty(), local_storage());
+  return commit_checkpoint(out_dir, s, keep, 0, local_storage(), 0);
 }
 
 std::vector<std::string> checkpoint_candidates(const std::string& out_dir) {

@@ -45,6 +45,8 @@
 
 namespace vidit {
 
+class Storage;
+
 // A checkpoint whose files do not verify: missing, truncated, corrupted or malformed (every
 // failure of CheckpointReader). Trainer::resume sets such a checkpoint aside and falls back to
 // an older one; any other failure of a load (a config that does not match) is not this.
@@ -66,14 +68,21 @@ struct CheckpointState {
 
 // Saves a state of one part and returns the checkpoint directory.
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
-// The save in three steps (see above). begin returns the temporary directory.
-std::string begin_checkpoint(const std::string& out_dir, int64_t step);
+// The save in three steps (see above), through `storage` (core/storage.h). begin returns the
+// temporary directory.
+std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage);
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
 // Writes state.model, optimizer and (with_ema) ema as part state.part.index; a part may hold
-// no tensor of a kind and is written all the same.
-void write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema);
+// no tensor of a kind and is written all the same. Returns the bytes written.
+uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema,
+                               Storage& storage);
+// A writer whose part failed says so (best effort), so that the commit stops waiting for it.
+void fail_checkpoint_part(const std::string& tmp_dir, const CheckpointPart& part, const std::string& why,
+                          Storage& storage);
+// Waits up to `wait_s` for every part (written by other ranks' writers, asynchronously), checks
+// them and commits; throws vidit::Error naming the part that failed or never came.
 std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep,
-                              int64_t keep_every);
+                              int64_t keep_every, Storage& storage, double wait_s);
 // Every committed checkpoint under <out_dir>/checkpoints, newest first (a missing or stale
 // `latest` pointer changes nothing), and the newest, if any.
 std::vector<std::string> checkpoint_candidates(const std::string& out_dir);

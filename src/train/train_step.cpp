@@ -2,8 +2,10 @@
 // micro-batches (data, flow-matching noising, caption dropout, forward under autocast, loss
 // weighted by the rank's share of the samples, backward with the parallel model's gradient
 // reductions around it) -> global totals -> clip (global norm from the layouts) -> AdamW ->
-// EMA. The phases are slices of the trace (core/trace.h) when one is recorded.
+// EMA, or no update when the gradient norm is not finite. The phases are slices of the trace (core/trace.h) when one is recorded.
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 #include "core/trace.h"
 #include "diffusion/flow_matching.h"
@@ -18,6 +20,7 @@ StepResult Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const double wait0 = mesh_->comm_times().wait_s();
   const auto& tc = cfg_.train;
+  watchdog_->beat("training", step_);
   const double lr = learning_rate(step_, tc.steps, tc.lr, tc.warmup_steps, tc.schedule, tc.min_lr_ratio);
 
   for (const auto& [name, p] : pm_->params()) at::Tensor(p).mutable_grad() = at::Tensor();
@@ -80,6 +83,7 @@ StepResult Trainer::step() {
     }
     at::Tensor loss = flow_loss(pred, fs.target);
     if (share != 1) loss = loss * share;
+    if (faults_.poison_loss(step_ + 1)) loss = loss * std::numeric_limits<double>::quiet_NaN();
     loss = loss / double(tc.grad_accum);
     // Backward, with the gradient reductions of the parallel model around it (data-parallel
     // buckets launched as the last micro-batch's backward finishes them, FSDP reduce-scatters):
@@ -107,13 +111,25 @@ StepResult Trainer::step() {
 
   trace::Span opt_span("clip + optimizer", "step");
   const double grad_norm = pm_->clip_grad_norm(tc.grad_clip);
-  opt_->step(lr);
-  if (ema_) ema_->update(pm_->params());
+  // A non-finite gradient (an overflow, a bad sample) would make every weight NaN: the update is
+  // skipped instead. The norm is global, so every rank decides the same.
+  const bool skipped = !std::isfinite(grad_norm);
+  if (skipped) {
+    ++skipped_in_a_row_;
+    VIDIT_CHECK(skipped_in_a_row_ <= tc.skip_nonfinite, "training diverged at step ", step_ + 1, ": ",
+                skipped_in_a_row_, " steps in a row had a non-finite gradient norm (train.skip_nonfinite = ",
+                tc.skip_nonfinite, "); lower train.lr or raise train.warmup_steps, and check the data of these steps");
+  } else {
+    skipped_in_a_row_ = 0;
+    opt_->step(lr);
+    if (ema_) ema_->update(pm_->params());
+  }
   ++step_;
+  watchdog_->beat("training", step_);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double wait = mesh_->comm_times().wait_s() - wait0;
-  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait};
+  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped};
 }
 
 }  // namespace vidit

@@ -5,10 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/peak_flops.h"
+#include "core/storage.h"
 #include "core/trace.h"
 #include "parallel/parallelize.h"
 #include "resilience/stop_signal.h"
@@ -47,7 +51,9 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       mesh_(own_mesh(cfg, std::move(mesh))),
       gen_(at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg, *data_, *mesh_))),
       info_(model_info(cfg)),
-      faults_(cfg.faults, mesh_->rank()) {
+      faults_(cfg.faults, mesh_->rank()),
+      watchdog_(std::make_unique<Watchdog>(cfg.train.stall_timeout_s, mesh_->rank())),
+      last_save_time_(std::chrono::steady_clock::now()) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   torch::manual_seed(cfg.train.seed);
   DiT model(cfg.model);
@@ -67,11 +73,29 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
 }
 
 std::string Trainer::save() {
+  start_save();
+  return finish_save();
+}
+
+void Trainer::start_save() {
+  const auto t0 = std::chrono::steady_clock::now();
   const auto& tc = cfg_.train;
-  CheckpointState s;
+  // One save at a time: the previous one ends (and all ranks agree on it) first.
+  finish_save();
+  watchdog_->beat("saving a checkpoint", step_);
+  SaveJob job;
+  job.out_dir = tc.out_dir;
+  CheckpointState& s = job.state;
   s.step = step_;
   s.layouts = pm_->layouts();
   s.part = pm_->part();
+  job.write = std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
+    return std::find(s.part.dims.begin(), s.part.dims.end(), d) != s.part.dims.end() || mesh_->coord(d) == 0;
+  });
+  job.commit = is_lead();
+  job.with_ema = ema_ != nullptr;
+  job.keep = tc.keep_checkpoints, job.keep_every = tc.keep_every, job.timeout_s = tc.ckpt_timeout_s;
+  job.storage = &faults_.storage_for_save(step_, local_storage());
   // Each rank keeps the keys it writes: its part of a parameter when it is that part's writer,
   // and (rank 0) the keys that name no parameter.
   auto mine = [&](const TensorMap& m) {
@@ -80,8 +104,9 @@ std::string Trainer::save() {
       if (pm_->writes(key)) out[key] = t;
     return out;
   };
-  s.model = mine(pm_->params());
-  if (ema_) s.ema = mine(ema_->weights()), s.ema_updates = ema_->updates();
+  const TensorMap model = mine(pm_->params());
+  const TensorMap ema = ema_ ? mine(ema_->weights()) : TensorMap{};
+  if (ema_) s.ema_updates = ema_->updates();
   TensorMap optimizer = opt_->state();
   optimizer["rng/train"] = gen_.get_state();
   // Ranks with batches of their own also have streams of their own: every one is saved.
@@ -93,10 +118,10 @@ std::string Trainer::save() {
     for (int r = 1; r < dp->size(); ++r)
       optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * own.numel(), own.numel()).to(at::kByte);
   }
-  s.optimizer = mine(optimizer);
+  optimizer = mine(optimizer);
   // A non-finite state is never saved: every rank checks what it holds, and all agree.
   std::string bad;
-  for (const TensorMap* m : {&s.model, &s.ema, &s.optimizer})
+  for (const TensorMap* m : {&model, &ema, static_cast<const TensorMap*>(&optimizer)})
     for (const auto& [key, t] : *m)
       if (bad.empty() && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) bad = key;
   at::Tensor nonfinite = at::tensor({bad.empty() ? 0.0 : 1.0}, at::kDouble);
@@ -106,15 +131,79 @@ std::string Trainer::save() {
               "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
-  // Rank 0 opens the directory, the writers write their parts between barriers, rank 0 commits.
-  if (is_lead()) begin_checkpoint(tc.out_dir, step_);
+  // Rank 0 opens the directory (removing what a killed save left) before any part is written.
+  if (is_lead()) begin_checkpoint(tc.out_dir, step_, local_storage());
   mesh_->world()->barrier();
-  const bool writer = std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
-    return std::find(s.part.dims.begin(), s.part.dims.end(), d) != s.part.dims.end() || mesh_->coord(d) == 0;
-  });
-  if (writer) write_checkpoint_part(checkpoint_tmp_dir(tc.out_dir, step_), s, ema_ != nullptr);
-  mesh_->world()->barrier();
-  return is_lead() ? commit_checkpoint(tc.out_dir, s, tc.keep_checkpoints, tc.keep_every) : std::string();
+  // The state as it is now, in host buffers kept from one save to the next.
+  if (job.write) {
+    s.model = snapshot(model, snap_model_);
+    s.ema = snapshot(ema, snap_ema_);
+    s.optimizer = snapshot(optimizer, snap_optimizer_);
+  }
+  const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_save_time_ = std::chrono::steady_clock::now();
+  if (tc.ckpt_async) {
+    writer_.start(std::move(job), blocked);
+  } else {
+    SaveReport r = CheckpointWriter::run(job);
+    r.blocked_s = blocked + r.write_s;
+    sync_report_ = r;
+  }
+}
+
+std::string Trainer::finish_save() {
+  std::optional<SaveReport> done = writer_.in_flight() ? writer_.wait() : std::move(sync_report_);
+  sync_report_.reset();
+  // Collective: every rank calls this at the same points, with or without a save in flight.
+  at::Tensor mine = at::tensor({done ? 1.0 : 0.0, done && !done->error.empty() ? 1.0 : 0.0,
+                                done ? double(done->bytes) : 0.0, done ? done->write_s : 0.0},
+                               at::kDouble);
+  at::Tensor all = at::empty({mesh_->size() * 4}, at::kDouble);
+  mesh_->world()->all_gather(mine, all)->wait();
+  all = all.view({mesh_->size(), 4});
+  if (all.select(1, 0).max().item<double>() == 0) return "";  // nothing was in flight
+  const bool failed = all.select(1, 1).max().item<double>() > 0;
+  const int64_t step = done ? done->step : step_;
+  if (failed) {
+    ++failed_saves_;
+    const int bad_rank = int(all.select(1, 1).argmax().item<int64_t>());
+    if (is_lead()) {
+      const auto good = latest_checkpoint(cfg_.train.out_dir);
+      std::fprintf(stderr,
+                   "checkpoint of step %lld was not saved (failed on rank %d%s%s); the newest good checkpoint is %s. "
+                   "%s\n",
+                   (long long)step, bad_rank, done->error.empty() ? "" : ": ", done->error.c_str(),
+                   good ? good->c_str() : "none",
+                   failed_saves_ < cfg_.train.ckpt_failures_max ? "Training goes on; the next save tries again"
+                                                                 : "");
+    } else if (done && !done->error.empty()) {
+      std::fprintf(stderr, "rank %d: its part of the checkpoint of step %lld failed: %s\n", mesh_->rank(),
+                   (long long)step, done->error.c_str());
+    }
+    VIDIT_CHECK(failed_saves_ < cfg_.train.ckpt_failures_max, failed_saves_,
+                " saves in a row failed (train.ckpt_failures_max); stopping. Fix the storage of ", cfg_.train.out_dir,
+                " and run the same command again: it resumes from the newest good checkpoint");
+    return "";
+  }
+  failed_saves_ = 0;
+  if (!is_lead()) {
+    faults_.after_save(step, "");
+    return "";
+  }
+  const double bytes = all.select(1, 2).sum().item<double>(), write_s = all.select(1, 3).max().item<double>();
+  if (console_) {
+    std::printf("checkpoint step %lld: training paused %.3f s, written in %.2f s in the background "
+                "(%.1f MB by %d rank(s), %.0f MB/s) -> %s\n",
+                (long long)step, done->blocked_s, write_s, bytes / 1e6, int((all.select(1, 2) > 0).sum().item<int64_t>()),
+                write_s > 0 ? bytes / 1e6 / write_s : 0.0, done->dir.c_str());
+    std::ofstream log(cfg_.train.out_dir + "/saves.jsonl", std::ios::app);
+    log << nlohmann::json{{"step", step},          {"blocked_s", done->blocked_s}, {"write_s", write_s},
+                          {"bytes", int64_t(bytes)}, {"async", cfg_.train.ckpt_async}, {"dir", done->dir}}
+               .dump()
+        << "\n";
+  }
+  faults_.after_save(step, done->dir);
+  return done->dir;
 }
 
 void Trainer::load(const std::string& dir) {
@@ -123,7 +212,10 @@ void Trainer::load(const std::string& dir) {
   // tensor beyond this rank's state.
   CheckpointReader ckpt(dir);
   const CheckpointState& meta = ckpt.meta();
-  auto mine = [&](const char* what, const std::string& key) { return pm_->local(key, ckpt.whole(what, key)); };
+  auto mine = [&](const char* what, const std::string& key) {
+    watchdog_->beat("loading a checkpoint");
+    return pm_->local(key, ckpt.whole(what, key));
+  };
   // Every parameter, by name and whole shape, before anything is read.
   check_state_dict(pm_->whole_shapes(), ckpt.shapes("model"), dir + "/model.safetensors");
   at::NoGradGuard ng;
@@ -232,6 +324,7 @@ bool Trainer::resume() {
 }
 
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
+  console_ = console;
   const int64_t total = cfg_.train.steps;
   const int64_t until = until_step < 0 ? total : std::min(until_step, total);
   std::unique_ptr<MetricsLogger> logger;
@@ -256,10 +349,13 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (cfg_.train.trace_steps > 0 && step_ == trace_from)
       trace::start(mesh_->rank(), "rank " + std::to_string(mesh_->rank()));
     StepResult r = step();
-    faults_.after_step(r.step);
+    faults_.after_step(r.step, pm_->params());
     losses.push_back(r.loss);
-    VIDIT_CHECK(std::isfinite(r.loss), "training diverged at step ", r.step, ": loss is ", r.loss,
+    VIDIT_CHECK(std::isfinite(r.loss) || r.skipped, "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
+    if (r.skipped && is_lead() && console)
+      std::printf("step %lld: the gradient norm is not finite (%g); the update was skipped (%lld in a row)\n",
+                  (long long)r.step, r.grad_norm, (long long)skipped_in_a_row_);
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
@@ -270,23 +366,33 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (logger) logger->log(m);
     }
     if (step_ == trace_to) finish_trace();
-    if (cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0 && r.step != until)
-      faults_.after_save(r.step, save());
     if (after_step) after_step(r);
-    // A stop asked for by a signal (resilience/stop_signal.h) on any rank: all ranks agree
-    // after this step, save below and return.
-    at::Tensor stop = at::tensor({stop_requested() ? 1.0 : 0.0}, at::kDouble);
-    mesh_->world()->all_reduce(stop, ReduceOp::Max)->wait();
-    if (stop.item<double>() > 0) {
+    // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
+    // any rank (resilience/stop_signal.h: save below and return), and a save that is due, by
+    // the step count or by rank 0's clock (train.ckpt_every_minutes).
+    const double minutes = cfg_.train.ckpt_every_minutes;
+    const bool time_due = is_lead() && minutes > 0 &&
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count() >=
+                              minutes * 60;
+    // And whether a save is still being written on some rank: once none is, it is finished
+    // (and reported) at once rather than at the next save.
+    const bool writing = writer_.in_flight() && !writer_.finished();
+    at::Tensor flags = at::tensor({stop_requested() ? 1.0 : 0.0, time_due ? 1.0 : 0.0, writing ? 1.0 : 0.0}, at::kDouble);
+    mesh_->world()->all_reduce(flags, ReduceOp::Max)->wait();
+    if (writer_.in_flight() && flags[2].item<double>() == 0) finish_save();
+    if (flags[0].item<double>() > 0) {
       stopped_ = true;
       if (is_lead())
         std::printf("stop requested (signal %d%s) after step %lld: saving a checkpoint and exiting\n", stop_signal(),
                     stop_signal() ? "" : " on another rank", (long long)step_);
       break;
     }
+    const bool step_due = cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0;
+    if ((step_due || flags[1].item<double>() > 0) && r.step != until) start_save();
   }
   finish_trace();
-  faults_.after_save(step_, save());
+  // The last save is waited for: the run ends with its state committed.
+  save();
   if (console && is_lead() && mesh_->world()->backend() != "single") {
     // Where rank 0 waited, over the whole run, by collective.
     const CommTimes times = mesh_->comm_times();

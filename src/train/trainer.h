@@ -16,7 +16,9 @@
 // train.trace_steps > 0 writes a Chrome trace of that many steps, from the second step of the
 // run, to <out_dir>/trace/rank<R>.json (core/trace.h).
 #pragma once
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -26,9 +28,11 @@
 #include "parallel/mesh.h"
 #include "parallel/parallel_model.h"
 #include "resilience/fault_injection.h"
+#include "resilience/watchdog.h"
 #include "model/dit.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
+#include "train/checkpoint_writer.h"
 #include "train/ema.h"
 #include "train/metrics.h"
 
@@ -45,6 +49,7 @@ struct StepResult {
   double seconds = 0;
   double comm_wait_s = 0;   // time this rank was blocked in collectives
   double data_wait_s = 0;   // time spent waiting for the data source's batches
+  bool skipped = false;     // the gradient norm was not finite: no update was made
 };
 
 class Trainer {
@@ -72,9 +77,16 @@ class Trainer {
   // `after_step`, when given, runs after every step (e.g. a periodic evaluation).
   using StepHook = std::function<void(const StepResult&)>;
   std::vector<double> fit(int64_t until_step = -1, bool console = true, const StepHook& after_step = {});
-  // Writes a checkpoint now (collective: each rank writes its part); returns its directory on
-  // rank 0, "" on the others.
+  // Writes a checkpoint now and waits for it (collective: each rank writes its part); returns
+  // its directory on rank 0, "" on the others and when the save failed (reported on stderr;
+  // train.ckpt_failures_max failures in a row throw).
   std::string save();
+  // The same in two halves (train/checkpoint_writer.h): start_save() snapshots the state and
+  // leaves the writing to a background thread (train.ckpt_async; else it writes at once);
+  // finish_save() waits for it and agrees with the other ranks on whether it committed.
+  // Both are collective; start_save() first finishes the save in flight.
+  void start_save();
+  std::string finish_save();
   // Rank 0 of the mesh: the one that reports.
   bool is_lead() const { return mesh_->rank() == 0; }
 
@@ -117,7 +129,17 @@ class Trainer {
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
   FaultInjector faults_;     // [faults]: off unless a test asks
+  std::unique_ptr<Watchdog> watchdog_;  // ends this process when it stops making progress
   bool stopped_ = false;
+  bool console_ = true;
+  // Saves: the writer, the host buffers of the snapshots (kept between saves), a synchronous
+  // save's report, failures in a row, and when the last save began.
+  CheckpointWriter writer_;
+  TensorMap snap_model_, snap_ema_, snap_optimizer_;
+  std::optional<SaveReport> sync_report_;
+  int64_t failed_saves_ = 0;
+  std::chrono::steady_clock::time_point last_save_time_;
+  int64_t skipped_in_a_row_ = 0;
 };
 
 }  // namespace vidit

@@ -1,0 +1,104 @@
+#include "core/storage.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "core/error.h"
+
+namespace vidit {
+namespace fs = std::filesystem;
+
+namespace {
+
+class PosixFile : public WritableFile {
+ public:
+  explicit PosixFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    VIDIT_CHECK(fd_ >= 0, "cannot create '", path, "': ", std::strerror(errno));
+  }
+  ~PosixFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void append(const void* data, size_t n) override {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      VIDIT_CHECK(w > 0, "write to '", path_, "' failed: ", std::strerror(errno),
+                  errno == ENOSPC ? " (the disk is full: free space or point train.out_dir elsewhere)" : "");
+      p += w;
+      n -= size_t(w);
+    }
+  }
+  void sync() override {
+    VIDIT_CHECK(::fsync(fd_) == 0, "fsync of '", path_, "' failed: ", std::strerror(errno));
+  }
+  void close() override {
+    const int fd = fd_;
+    fd_ = -1;
+    VIDIT_CHECK(::close(fd) == 0, "closing '", path_, "' failed: ", std::strerror(errno));
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+class LocalStorage : public Storage {
+ public:
+  std::unique_ptr<WritableFile> create(const std::string& path) override { return std::make_unique<PosixFile>(path); }
+  void rename(const std::string& from, const std::string& to) override {
+    VIDIT_CHECK(::rename(from.c_str(), to.c_str()) == 0, "rename '", from, "' -> '", to,
+                "' failed: ", std::strerror(errno));
+  }
+  void remove_all(const std::string& path) override {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    VIDIT_CHECK(!ec, "cannot remove '", path, "': ", ec.message());
+  }
+  void create_dirs(const std::string& path) override {
+    std::error_code ec;
+    fs::create_directories(path, ec);
+    VIDIT_CHECK(!ec, "cannot create the directory '", path, "': ", ec.message());
+  }
+  void sync_dir(const std::string& path) override {
+    const int fd = ::open(path.empty() ? "." : path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;  // nothing to make durable
+    ::fsync(fd);
+    ::close(fd);
+  }
+};
+
+}  // namespace
+
+void Storage::write_atomic(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::unique_ptr<WritableFile> f = create(tmp);
+    try {
+      f->append(bytes.data(), bytes.size());
+      f->sync();
+      f->close();
+    } catch (...) {
+      f.reset();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw;
+    }
+  }
+  rename(tmp, path);
+  sync_dir(fs::path(path).parent_path().string());
+}
+
+Storage& local_storage() {
+  static LocalStorage storage;
+  return storage;
+}
+
+}  // namespace vidit

@@ -1,0 +1,60 @@
+// Storage: the few file-system operations a checkpoint save needs (create and append to a file,
+// fsync it, rename, remove, make directories), behind one small interface, so that a wrapper
+// can stand between the writer and the disk. ForwardingStorage passes every call on to another
+// Storage; a wrapper derives from it and changes only what it needs. The fault injection's
+// failing and slow storage is one (resilience/faulty_storage.h); a remote object store would be
+// another. Every failure throws vidit::Error naming the path and the system's reason.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace vidit {
+
+// A file open for writing, from its start. Destroying it without close() closes it.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual void append(const void* data, size_t bytes) = 0;
+  virtual void sync() = 0;   // fsync: the bytes appended so far are on the device
+  virtual void close() = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+  // Creates (or truncates) `path` for writing.
+  virtual std::unique_ptr<WritableFile> create(const std::string& path) = 0;
+  virtual void rename(const std::string& from, const std::string& to) = 0;
+  virtual void remove_all(const std::string& path) = 0;
+  virtual void create_dirs(const std::string& path) = 0;
+  // fsync of a directory, so that the names created or renamed in it are durable.
+  virtual void sync_dir(const std::string& path) = 0;
+
+  // Writes `bytes` to `path` durably and atomically: `path.tmp`, fsync, rename, fsync of the
+  // directory. Either the old content or the new one is found after a crash.
+  void write_atomic(const std::string& path, const std::string& bytes);
+};
+
+// The local file system (POSIX calls).
+Storage& local_storage();
+
+// Passes everything on to `base`; wrappers override what they change.
+class ForwardingStorage : public Storage {
+ public:
+  explicit ForwardingStorage(Storage& base) : base_(base) {}
+  std::unique_ptr<WritableFile> create(const std::string& path) override { return base_.create(path); }
+  void rename(const std::string& from, const std::string& to) override { base_.rename(from, to); }
+  void remove_all(const std::string& path) override { base_.remove_all(path); }
+  void create_dirs(const std::string& path) override { base_.create_dirs(path); }
+  void sync_dir(const std::string& path) override { base_.sync_dir(path); }
+
+ protected:
+  Storage& base() { return base_; }
+
+ private:
+  Storage& base_;
+};
+
+}  // namespace vidit

@@ -1,0 +1,51 @@
+// One live run per output directory, and an output directory that can take a checkpoint.
+//
+// RunLock holds <out_dir>/vidit.lock (JSON: host, pid, start time) while the run is alive; a
+// thread refreshes its time every few seconds. A second run on the same out_dir (a requeued job
+// that starts while the old one still runs, a colleague's typo) would interleave checkpoints
+// and metrics with the first, so it is refused with a message naming the holder. A lock left by
+// a run that died is taken over: on the same host when its pid is gone, from any host once its
+// time has not been refreshed for `stale_s`. A lock of another host that looks fresh is watched
+// for up to `stale_s`: refreshed in that time means alive (refused), not refreshed means dead.
+//
+// check_out_dir: before training starts, out_dir must be writable and have room for at least
+// one more checkpoint, so that a full or read-only disk is found now, not at the first save.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace vidit {
+
+class RunLock {
+ public:
+  // Takes the lock or throws vidit::Error naming the holder and what to do.
+  explicit RunLock(const std::string& out_dir, double stale_s = 60);
+  ~RunLock();  // releases it (removes the file if it is still ours)
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  const std::string& path() const { return path_; }
+  // Said when a stale lock was taken over ("" otherwise).
+  const std::string& took_over() const { return took_over_; }
+
+ private:
+  void refresh_loop();
+  std::string path_, content_, took_over_;
+  double stale_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Throws vidit::Error when `out_dir` cannot be created or written, or has less than `need_bytes`
+// free (the message gives both numbers and what to do).
+void check_out_dir(const std::string& out_dir, uint64_t need_bytes);
+
+// This machine's name.
+std::string host_name();
+
+}  // namespace vidit

@@ -1,0 +1,72 @@
+// Asynchronous checkpoint saves. The trainer pauses only to copy its state into host buffers
+// (pinned when the state is on a GPU; kept and reused from one save to the next); a background
+// thread on each rank then writes that rank's part (checkpoint.h: write_checkpoint_part) and
+// fsyncs it while training goes on, and rank 0's thread waits, on the file system, for every
+// part and commits the checkpoint. Nothing of this uses the ranks' communicator, so a save
+// never counts against a collective's timeout. One save is in flight at a time: the next one
+// (and the end of the run) first waits for it, and all ranks then agree, with one collective,
+// on whether it committed.
+#pragma once
+#include <cstdint>
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "train/checkpoint.h"
+
+namespace vidit {
+
+class Storage;
+
+// What one rank does in one save.
+struct SaveJob {
+  std::string out_dir;
+  CheckpointState state;  // this rank's part, in host buffers nobody changes until the save ends
+  bool write = false;     // this rank writes a part
+  bool commit = false;    // rank 0: wait for every part and commit
+  bool with_ema = false;
+  int64_t keep = 2, keep_every = 0;
+  double timeout_s = 1800;  // how long the commit waits for the other parts
+  Storage* storage = nullptr;
+};
+
+// What came of it on this rank.
+struct SaveReport {
+  int64_t step = -1;
+  std::string dir;     // the committed directory (rank 0)
+  std::string error;   // empty: this rank's share succeeded
+  double blocked_s = 0;  // training paused for the snapshot (and the wait for the previous save)
+  double write_s = 0;    // the background thread's time: write, verify, (rank 0) wait and commit
+  uint64_t bytes = 0;    // written by this rank
+};
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter() = default;
+  ~CheckpointWriter();  // waits for a save in flight: a checkpoint is never abandoned half-written
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  // Starts writing `job` in the background; a save must not be in flight.
+  void start(SaveJob job, double blocked_s);
+  // Writes `job` on the calling thread.
+  static SaveReport run(const SaveJob& job);
+  // Waits for the save in flight, if any, and returns what came of it.
+  std::optional<SaveReport> wait();
+  bool in_flight() const { return thread_.joinable(); }
+  // In flight and done writing (wait() would return at once).
+  bool finished() const { return thread_.joinable() && finished_.load(); }
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> finished_{false};
+  SaveReport report_;
+};
+
+// Copies `from` into `buffers` (same keys; a buffer is made, pinned for GPU tensors, only when
+// missing or of another shape) and returns the buffers of those keys: the state as it is now,
+// which training may change right after.
+TensorMap snapshot(const TensorMap& from, TensorMap& buffers);
+
+}  // namespace vidit

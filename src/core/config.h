@@ -223,7 +223,9 @@ using NumList = std::vector<double>;
       "\"slow_storage\" (faults.seconds per file), \"kill_in_save\" (SIGKILL mid-file)")                    \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
   KEY(int64_t, rank, 0, non_negative, "the rank it happens on (corrupt/truncate_checkpoint: rank 0 does them)") \
-  KEY(double, seconds, 2.0, non_negative, "slow: seconds added to each step; slow_storage: to each file written")
+  KEY(double, seconds, 2.0, non_negative, "slow: seconds added to each step; slow_storage: to each file written") \
+  KEY(int64_t, attempt, 0, non_negative,                                                               \
+      "the attempt of the job it happens in (TORCHELASTIC_RESTART_COUNT / SLURM_RESTART_COUNT; 0: the first)")
 
 #define VIDIT_CONFIG_FIELD(type, name, value, check, doc) type name = value;
 struct ModelConfig { VIDIT_MODEL_KEYS(VIDIT_CONFIG_FIELD) };

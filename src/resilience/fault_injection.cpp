@@ -18,8 +18,15 @@
 namespace vidit {
 namespace fs = std::filesystem;
 
+FaultInjector::FaultInjector(const FaultConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
+  int64_t attempt = 0;
+  for (const char* var : {"TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"})
+    if (const char* v = std::getenv(var); v && *v) attempt = std::max<int64_t>(attempt, std::atoll(v));
+  on_ = cfg_.kind != FaultKind::none && attempt == cfg_.attempt;
+}
+
 void FaultInjector::after_step(int64_t step, const TensorMap& params) {
-  if (cfg_.kind == FaultKind::slow && rank_ == int(cfg_.rank) && step >= cfg_.step) {
+  if (on_ && cfg_.kind == FaultKind::slow && rank_ == int(cfg_.rank) && step >= cfg_.step) {
     if (step == cfg_.step)
       std::fprintf(stderr, "fault injection: rank %d is slow (%.2f s more per step) from step %lld\n", rank_,
                    cfg_.seconds, (long long)step);
@@ -89,7 +96,7 @@ Storage& FaultInjector::storage_for_save(int64_t step, Storage& base) {
 }
 
 void FaultInjector::after_save(int64_t step, const std::string& dir) {
-  if (fired_ || dir.empty() || step != cfg_.step) return;
+  if (!on_ || fired_ || dir.empty() || step != cfg_.step) return;
   if (cfg_.kind != FaultKind::corrupt_checkpoint && cfg_.kind != FaultKind::truncate_checkpoint) return;
   fired_ = true;
   // The first model part: model.safetensors, or model.part-00000-of-N.safetensors.

@@ -15,7 +15,10 @@
 //  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
 //    overwrites 4 KiB in the middle of its first model part with garbage, or truncates that
 //    file to half its size (bit rot, a torn copy).
-// Each fault fires once per process (slow: from then on) and says on stderr what it did.
+// Each fault fires once per process (slow: from then on) and says on stderr what it did, and
+// only in attempt `faults.attempt` of the job (0: the first), counted by the launcher
+// (TORCHELASTIC_RESTART_COUNT of torchrun, SLURM_RESTART_COUNT of a requeued Slurm job), so that
+// a job restarted with the same command meets the fault once, as a real one would.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,7 +32,7 @@ namespace vidit {
 
 class FaultInjector {
  public:
-  FaultInjector(const FaultConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {}
+  FaultInjector(const FaultConfig& cfg, int rank);
   // After step `step` completed on this rank; `params` are the weights this rank holds.
   void after_step(int64_t step, const TensorMap& params);
   // In step `step`: true when this rank's loss is to be made NaN (so its gradients are, and
@@ -41,7 +44,8 @@ class FaultInjector {
   void after_save(int64_t step, const std::string& dir);
 
  private:
-  bool mine(int64_t step) const { return !fired_ && step == cfg_.step && rank_ == int(cfg_.rank); }
+  bool mine(int64_t step) const { return on_ && !fired_ && step == cfg_.step && rank_ == int(cfg_.rank); }
+  bool on_ = false;  // this is the attempt the faults are for
   FaultConfig cfg_;
   int rank_;
   bool fired_ = false;

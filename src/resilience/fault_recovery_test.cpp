@@ -82,7 +82,7 @@ INSTANTIATE_TEST_SUITE_P(
         // A scheduler's SIGTERM to one rank (preemption): every rank stops after the same step,
         // the step is saved, the job exits with the restart status, and nothing is lost.
         FaultCase{"Sigterm", "faults.kind=sigterm faults.step=5 faults.rank=1", "5", "resumed from step 5",
-                  "stopped at step 5; run the same command with --resume", 75},
+                  "stopped at step 5; run the same command to continue", 75},
         // The newest checkpoint's bytes rot after it was committed: found by its checksum, set
         // aside, and step 4 is used.
         FaultCase{"CorruptNewest", "faults.kind=corrupt_checkpoint faults.step=6", "4", "does not match its checksum",

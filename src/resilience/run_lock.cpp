@@ -38,6 +38,16 @@ double age_s(const std::string& path, timespec* mtime = nullptr) {
   return double(now.tv_sec - st.st_mtim.tv_sec) + double(now.tv_nsec - st.st_mtim.tv_nsec) / 1e9;
 }
 
+// A process that exists and is not a zombie.
+bool alive(long pid) {
+  if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -82,7 +92,11 @@ RunLock::RunLock(const std::string& out_dir, double stale_s) : stale_s_(stale_s)
     const std::string who = "host " + their_host + ", pid " + std::to_string(their_pid);
     bool dead = false;
     if (their_host == host && their_pid > 0) {
-      dead = ::kill(pid_t(their_pid), 0) != 0 && errno == ESRCH;
+      // A run that is ending (its launcher has just ended the job, and a restart came at once)
+      // is given a few seconds to go.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(15.0, stale_s_));
+      while (!(dead = !alive(their_pid)) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       VIDIT_CHECK(dead, "another run is using ", out_dir, " (", who, ", lock ", path_,
                   "): two runs on one out_dir would mix their checkpoints. Stop it, or give this run another "
                   "train.out_dir");

@@ -94,7 +94,7 @@ RunLock::RunLock(const std::string& out_dir, double stale_s) : stale_s_(stale_s)
     if (their_host == host && their_pid > 0) {
       // A run that is ending (its launcher has just ended the job, and a restart came at once)
       // is given a few seconds to go.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(15.0, stale_s_));
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(8.0, stale_s_));
       while (!(dead = !alive(their_pid)) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       VIDIT_CHECK(dead, "another run is using ", out_dir, " (", who, ", lock ", path_,

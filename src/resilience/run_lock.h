@@ -4,7 +4,7 @@
 // thread refreshes its time every few seconds. A second run on the same out_dir (a requeued job
 // that starts while the old one still runs, a colleague's typo) would interleave checkpoints
 // and metrics with the first, so it is refused with a message naming the holder. A lock left by
-// a run that died is taken over: on the same host when its pid is gone (waited for up to 15 s:
+// a run that died is taken over: on the same host when its pid is gone (waited for up to 8 s:
 // a restart may start while the old processes are still being ended), from any host once its
 // time has not been refreshed for `stale_s`. A lock of another host that looks fresh is watched
 // for up to `stale_s`: refreshed in that time means alive (refused), not refreshed means dead.

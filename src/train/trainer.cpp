@@ -349,7 +349,6 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (cfg_.train.trace_steps > 0 && step_ == trace_from)
       trace::start(mesh_->rank(), "rank " + std::to_string(mesh_->rank()));
     StepResult r = step();
-    faults_.after_step(r.step, pm_->params());
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss) || r.skipped, "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
@@ -367,6 +366,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     }
     if (step_ == trace_to) finish_trace();
     if (after_step) after_step(r);
+    faults_.after_step(r.step, pm_->params());  // the step is done and logged
     // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
     // any rank (resilience/stop_signal.h: save below and return), and a save that is due, by
     // the step count or by rank 0's clock (train.ckpt_every_minutes).

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "../../tests/test_util.h"
 #include "core/error.h"
@@ -184,6 +185,84 @@ TEST(Checkpoint, DirectoryRecoversByItself) {
   // And training goes on from there, as the uninterrupted run did.
   std::vector<double> rest = r.fit(-1, false);
   EXPECT_EQ(rest.size(), 3u);
+}
+
+TEST(Checkpoint, AsynchronousSaveWritesInTheBackgroundAndEqualsTheSynchronousOne) {
+  // Storage 0.3 s slower per file (fault injection) on the save of step 2: start_save() returns
+  // with nothing committed, training goes on, and finish_save() commits. The checkpoint equals,
+  // bit for bit, one saved synchronously at the same step.
+  ScratchDir a("async_save"), b("sync_save");
+  auto config = [](const std::string& out, bool async) {
+    return tiny_config({"train.steps=4", "train.out_dir=\"" + out + "\"", std::string("train.ckpt_async=") + (async ? "true" : "false"),
+                        "faults.kind=\"slow_storage\"", "faults.step=2", "faults.seconds=0.3"});
+  };
+  Config ca = config(a.path(), true), cb = config(b.path(), false);
+  Trainer t(ca, synthetic(ca), null_text(ca)), u(cb, synthetic(cb), null_text(cb));
+  t.step(), t.step();
+  t.start_save();
+  EXPECT_FALSE(latest_checkpoint(a.path()).has_value()) << "the slow write cannot be done yet";
+  t.step();  // training goes on while the writer writes
+  const std::string dir = t.finish_save();
+  ASSERT_FALSE(dir.empty());
+  EXPECT_EQ(load_checkpoint(dir).step, 2);
+  u.step(), u.step();
+  const std::string sync_dir = u.save();
+  const CheckpointState x = load_checkpoint(dir), y = load_checkpoint(sync_dir);
+  for (const TensorMap* m : {&x.model, &x.ema, &x.optimizer})
+    for (const auto& [key, v] : *m) {
+      const TensorMap& other = m == &x.model ? y.model : m == &x.ema ? y.ema : y.optimizer;
+      EXPECT_TRUE(at::equal(v, other.at(key))) << key;
+    }
+  // Each save is logged with how long it paused training and how long it took to write.
+  std::ifstream log(a / "saves.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line));
+  EXPECT_NE(line.find("\"write_s\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"blocked_s\""), std::string::npos) << line;
+}
+
+TEST(Checkpoint, FailedSaveKeepsTrainingAndTheLastGoodCheckpoint) {
+  // The disk fills during the save of step 2: that save fails (reported, nothing committed,
+  // nothing older touched), training goes on, and the save of step 4 commits.
+  ScratchDir dir("failed_save");
+  Config c = tiny_config({"train.steps=4", "train.ckpt_every=2", "train.out_dir=\"" + dir.path() + "\"",
+                          "faults.kind=\"disk_full\"", "faults.step=2"});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.fit(-1, false);
+  EXPECT_EQ(checkpoint_candidates(dir.path()), std::vector<std::string>{dir / "checkpoints/step_00000004"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "checkpoints/step_00000002.tmp"))
+      << "the next save removes what the failed one left";
+  // Too many failures in a row stop the run, naming what to do.
+  ScratchDir full("failed_saves");
+  Config d = tiny_config({"train.steps=2", "train.out_dir=\"" + full.path() + "\"", "train.ckpt_failures_max=1",
+                          "faults.kind=\"io_error\"", "faults.step=2"});
+  Trainer u(d, synthetic(d), null_text(d));
+  try {
+    u.fit(-1, false);
+    ADD_FAILURE() << "a run whose saves fail must stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.ckpt_failures_max"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, NonFiniteGradientSkipsTheUpdate) {
+  // A NaN loss in step 3 (fault injection): the update is skipped, the weights stay finite, and
+  // the run goes on; train.skip_nonfinite=0 stops it instead.
+  ScratchDir dir("nan_grad");
+  Config c = tiny_config({"train.steps=4", "train.out_dir=\"" + dir.path() + "\"", "faults.kind=\"nan_grad\"",
+                          "faults.step=3"});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.step(), t.step();
+  const TensorMap before = t.weights();
+  StepResult r = t.step();
+  EXPECT_TRUE(r.skipped);
+  for (const auto& [name, w] : t.weights()) EXPECT_TRUE(at::equal(w, before.at(name))) << name;
+  EXPECT_FALSE(t.step().skipped);
+  Config d = c;
+  d.train.skip_nonfinite = 0;
+  Trainer u(d, synthetic(d), null_text(d));
+  u.step(), u.step();
+  EXPECT_THROW(u.step(), Error);
 }
 
 TEST(Schedule, WarmupThenCosine) {

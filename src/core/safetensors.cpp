@@ -39,7 +39,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   local_storage().write_atomic(path, bytes);
 }
 
-void write_safetensors(WritableFile& file, const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+uint64_t write_safetensors(WritableFile& file, const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -63,6 +63,7 @@ void write_safetensors(WritableFile& file, const TensorMap& tensors, const std::
     const at::Tensor c = t.detach().to(at::kCPU).contiguous();
     file.append(c.data_ptr(), size_t(c.numel()) * c.element_size());
   }
+  return 8 + json.size();
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,

@@ -18,8 +18,9 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 
 class WritableFile;
 // Streams `tensors` (any device; copied to CPU one at a time when not there) as one safetensors
-// file into `file` (no fsync, no close: the caller's). Used by the checkpoint writer.
-void write_safetensors(WritableFile& file, const TensorMap& tensors,
+// file into `file` (no fsync, no close: the caller's), the tensors' bytes in key order from the
+// returned offset. Used by the checkpoint writer.
+uint64_t write_safetensors(WritableFile& file, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // Reads every tensor of `path` into owned CPU tensors. Throws vidit::Error naming the file and

@@ -1,6 +1,11 @@
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -78,13 +83,16 @@ Layout layout_from_json(const nlohmann::json& j) {
   return l;
 }
 
+std::string hex64(uint64_t h) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return hex;
+}
+
 // The checksum of a tensor's bytes (contiguous), as 16 hex digits.
 std::string checksum(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                (unsigned long long)XXH3_64bits(c.data_ptr(), size_t(c.numel()) * c.element_size()));
-  return hex;
+  return hex64(XXH3_64bits(c.data_ptr(), size_t(c.numel()) * c.element_size()));
 }
 
 std::string sums_name(int64_t index, int64_t count) {
@@ -95,27 +103,51 @@ std::string sums_name(int64_t index, int64_t count) {
 
 // Writes `tensors` to `path`, reads the file back and checks every tensor against what was meant
 // to be written; returns the file's entry of the manifest (its size, each tensor's checksum).
+// The read-back streams the file through one buffer (read(2), not a mapping: page faults over
+// gigabytes cost more than the copy) and hashes each tensor's bytes as they pass.
 nlohmann::json write_verified(Storage& storage, const std::string& path, const TensorMap& tensors) {
-  std::map<std::string, std::string> want;
-  for (const auto& [key, t] : tensors) want[key] = checksum(t.cpu());
+  std::vector<std::pair<std::string, uint64_t>> sizes;  // in the file's order (the map's)
+  nlohmann::json sums = nlohmann::json::object();
+  for (const auto& [key, t] : tensors) {
+    sums[key] = checksum(t.cpu());
+    sizes.emplace_back(key, uint64_t(t.numel()) * t.element_size());
+  }
+  uint64_t data_start = 0;
   {
     std::unique_ptr<WritableFile> f = storage.create(path);
-    write_safetensors(*f, tensors);
+    data_start = write_safetensors(*f, tensors);
     f->sync();
     f->close();
   }
-  MappedFile file(path, "checkpoint part");
-  const TensorMap back = view_safetensors(file.data(), file.size(), path);
-  VIDIT_CHECK(back.size() == want.size(), "checkpoint part '", path, "' reads back ", back.size(), " tensors, not ",
-              want.size(), ": the storage lost data");
-  nlohmann::json sums = nlohmann::json::object();
-  for (const auto& [key, t] : back) {
-    const std::string got = checksum(t);
-    VIDIT_CHECK(want.count(key) && want.at(key) == got, "checkpoint part '", path, "': '", key,
-                "' reads back different from what was written (storage fault)");
-    sums[key] = got;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  VIDIT_CHECK(fd >= 0, "checkpoint part '", path, "' cannot be read back: ", std::strerror(errno));
+  std::vector<char> buf(8 << 20);
+  XXH3_state_t* state = XXH3_createState();
+  uint64_t at = data_start, total = data_start;
+  try {
+    for (const auto& [key, bytes] : sizes) {
+      XXH3_64bits_reset(state);
+      for (uint64_t left = bytes; left > 0;) {
+        const ssize_t n = ::pread(fd, buf.data(), size_t(std::min<uint64_t>(left, buf.size())), off_t(at));
+        VIDIT_CHECK(n > 0, "checkpoint part '", path, "' reads back short at byte ", at, " (",
+                    n < 0 ? std::strerror(errno) : "end of file", "): the storage lost data");
+        XXH3_64bits_update(state, buf.data(), size_t(n));
+        at += uint64_t(n), left -= uint64_t(n);
+      }
+      VIDIT_CHECK(hex64(XXH3_64bits_digest(state)) == sums[key].get<std::string>(), "checkpoint part '", path, "': '",
+                  key, "' reads back different from what was written (storage fault)");
+      total += bytes;
+    }
+  } catch (...) {
+    XXH3_freeState(state);
+    ::close(fd);
+    throw;
   }
-  return {{"bytes", file.size()}, {"tensors", sums}};
+  XXH3_freeState(state);
+  ::close(fd);
+  const uintmax_t size = fs::file_size(path);
+  VIDIT_CHECK(size == total, "checkpoint part '", path, "' has ", size, " bytes, not the ", total, " written");
+  return {{"bytes", size}, {"tensors", sums}};
 }
 
 std::string failed_name(int64_t index, int64_t count) {

@@ -3,7 +3,8 @@
 // thread on each rank then writes that rank's part (checkpoint.h: write_checkpoint_part) and
 // fsyncs it while training goes on, and rank 0's thread waits, on the file system, for every
 // part and commits the checkpoint. Nothing of this uses the ranks' communicator, so a save
-// never counts against a collective's timeout. One save is in flight at a time: the next one
+// never counts against a collective's timeout. A state that is not finite is never saved: the
+// writer checks the snapshot first and fails the part (so the save) when a tensor is not. One save is in flight at a time: the next one
 // (and the end of the run) first waits for it, and all ranks then agree, with one collective,
 // on whether it committed.
 #pragma once
@@ -26,6 +27,7 @@ struct SaveJob {
   CheckpointState state;  // this rank's part, in host buffers nobody changes until the save ends
   bool write = false;     // this rank writes a part
   bool commit = false;    // rank 0: wait for every part and commit
+  int rank = 0;           // named in messages
   bool with_ema = false;
   int64_t keep = 2, keep_every = 0;
   double timeout_s = 1800;  // how long the commit waits for the other parts

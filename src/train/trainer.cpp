@@ -93,6 +93,7 @@ void Trainer::start_save() {
     return std::find(s.part.dims.begin(), s.part.dims.end(), d) != s.part.dims.end() || mesh_->coord(d) == 0;
   });
   job.commit = is_lead();
+  job.rank = mesh_->rank();
   job.with_ema = ema_ != nullptr;
   job.keep = tc.keep_checkpoints, job.keep_every = tc.keep_every, job.timeout_s = tc.ckpt_timeout_s;
   job.storage = &faults_.storage_for_save(step_, local_storage());
@@ -119,16 +120,6 @@ void Trainer::start_save() {
       optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * own.numel(), own.numel()).to(at::kByte);
   }
   optimizer = mine(optimizer);
-  // A non-finite state is never saved: every rank checks what it holds, and all agree.
-  std::string bad;
-  for (const TensorMap* m : {&model, &ema, static_cast<const TensorMap*>(&optimizer)})
-    for (const auto& [key, t] : *m)
-      if (bad.empty() && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) bad = key;
-  at::Tensor nonfinite = at::tensor({bad.empty() ? 0.0 : 1.0}, at::kDouble);
-  mesh_->world()->all_reduce(nonfinite, ReduceOp::Max)->wait();
-  VIDIT_CHECK(nonfinite.item<double>() == 0, "refusing to save step ", step_, ": the training state is not finite (",
-              bad.empty() ? "on another rank" : "'" + bad + "' on rank " + std::to_string(mesh_->rank()),
-              "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   // Rank 0 opens the directory (removing what a killed save left) before any part is written.

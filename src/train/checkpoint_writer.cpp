@@ -34,6 +34,7 @@ SaveReport CheckpointWriter::run(const SaveJob& job) {
       r.dir = commit_checkpoint(job.out_dir, job.state, job.keep, job.keep_every, storage, job.timeout_s);
     } catch (const std::exception& e) {
       r.error = e.what();
+      r.in_commit = true;
     }
   }
   r.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -39,6 +39,7 @@ struct SaveReport {
   int64_t step = -1;
   std::string dir;     // the committed directory (rank 0)
   std::string error;   // empty: this rank's share succeeded
+  bool in_commit = false;  // the error came from the commit (another part), not this rank's write
   double blocked_s = 0;  // training paused for the snapshot (and the wait for the previous save)
   double write_s = 0;    // the background thread's time: write, verify, (rank 0) wait and commit
   uint64_t bytes = 0;    // written by this rank

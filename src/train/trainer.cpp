@@ -146,7 +146,9 @@ std::string Trainer::finish_save() {
   std::optional<SaveReport> done = writer_.in_flight() ? writer_.wait() : std::move(sync_report_);
   sync_report_.reset();
   // Collective: every rank calls this at the same points, with or without a save in flight.
-  at::Tensor mine = at::tensor({done ? 1.0 : 0.0, done && !done->error.empty() ? 1.0 : 0.0,
+  // Column 1: 0 fine, 1 the commit failed, 2 this rank's own part failed (named first).
+  const double failure = !done || done->error.empty() ? 0.0 : done->in_commit ? 1.0 : 2.0;
+  at::Tensor mine = at::tensor({done ? 1.0 : 0.0, failure,
                                 done ? double(done->bytes) : 0.0, done ? done->write_s : 0.0},
                                at::kDouble);
   at::Tensor all = at::empty({mesh_->size() * 4}, at::kDouble);

@@ -245,6 +245,21 @@ TEST(Checkpoint, FailedSaveKeepsTrainingAndTheLastGoodCheckpoint) {
   }
 }
 
+TEST(Checkpoint, TimeBasedSavesComeByTheClock) {
+  // No step interval, a save every 0.005 minutes (0.3 s), steps made 0.2 s slower (fault
+  // injection): saves come every second step or so, beside the final one.
+  ScratchDir dir("time_saves");
+  Config c = tiny_config({"train.steps=8", "train.ckpt_every=0", "train.ckpt_every_minutes=0.005",
+                          "train.keep_checkpoints=20", "train.out_dir=\"" + dir.path() + "\"",
+                          "faults.kind=\"slow\"", "faults.step=1", "faults.seconds=0.2"});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.fit(-1, false);
+  const std::vector<std::string> saved = checkpoint_candidates(dir.path());
+  EXPECT_GE(saved.size(), 3u);
+  EXPECT_LE(saved.size(), 8u);
+  EXPECT_EQ(saved.front(), dir / "checkpoints/step_00000008");
+}
+
 TEST(Trainer, NonFiniteGradientSkipsTheUpdate) {
   // A NaN loss in step 3 (fault injection): the update is skipped, the weights stay finite, and
   // the run goes on; train.skip_nonfinite=0 stops it instead.

@@ -147,6 +147,8 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     const bool found = trainer.resume();
     if (lead && found) std::printf("resumed from step %lld\n", (long long)trainer.steps_done());
     else if (lead) std::printf("no checkpoint in %s/checkpoints: starting from step 0\n", cfg.train.out_dir.c_str());
+  } else if (lead) {
+    std::printf("--fresh: starting from step 0\n");
   }
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps);

@@ -92,5 +92,34 @@ INSTANTIATE_TEST_SUITE_P(
                   "truncated", 0}),
     [](const ::testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
 
+// The same command again continues where the run stopped; --fresh starts over and keeps what
+// the earlier run wrote, moved aside.
+TEST(Train, SameCommandContinuesAndFreshStartsOver) {
+  test::ScratchDir dir("train_fresh");
+  const std::string cmd = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() + " train.ckpt_every=2";
+  auto first = test::run_process(cmd + " --max-steps 2");
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("starting from step 0"), std::string::npos) << first.output;
+  auto again = test::run_process(cmd);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("resumed from step 2"), std::string::npos) << again.output;
+  auto fresh = test::run_process(cmd + " --fresh");
+  ASSERT_EQ(fresh.status, 0) << fresh.output;
+  EXPECT_NE(fresh.output.find("starting from step 0"), std::string::npos) << fresh.output;
+  EXPECT_NE(fresh.output.find("--fresh: the earlier run's checkpoints and metrics are now in"), std::string::npos)
+      << fresh.output;
+  std::vector<std::filesystem::path> aside;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    if (e.path().filename().string().rfind("previous-", 0) == 0) aside.push_back(e.path());
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(aside[0] / "checkpoints/step_00000004/meta.json"));
+  EXPECT_TRUE(std::filesystem::exists(aside[0] / "metrics.jsonl"));
+  // The new run's metrics start at step 1 again.
+  std::ifstream metrics(dir / "metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  EXPECT_EQ(nlohmann::json::parse(line).at("step"), 1);
+}
+
 }  // namespace
 }  // namespace vidit

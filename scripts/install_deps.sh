@@ -8,7 +8,8 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       ffmpeg libavformat-dev libavcodec-dev libavutil-dev libswscale-dev
       libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libzstd-dev libxxhash-dev libpng-dev
       libgtest-dev libgmock-dev libbenchmark-dev
-      openmpi-bin libopenmpi-dev libgloo-dev)
+      openmpi-bin libopenmpi-dev libgloo-dev
+      slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

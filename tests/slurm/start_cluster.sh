@@ -1,7 +1,7 @@
 #!/bin/bash
 # A one-node Slurm cluster on this machine (munged + slurmctld + slurmd, no systemd), for the
 # Slurm tests of preemption and requeue (the batch script of the README run under sbatch with
-# --signal and --requeue). Not yet run by the test command. Needs: apt-get install slurmctld
+# --signal and --requeue: tests/slurm/run_slurm.sh). Needs: apt-get install slurmctld
 # slurmd slurm-client munge. Requeue turnaround is about 6-8 s with cred_expire=5 and
 # sched_interval=1 (below); --signal=B:USR1@N is checked every 30 s, so a test sends the
 # signal with `scancel --signal=USR1 --batch JOB` instead.

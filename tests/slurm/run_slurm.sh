@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Preemption and requeue under real Slurm: a one-node cluster on this machine
+# (tests/slurm/start_cluster.sh), the batch script users run (scripts/slurm/vidit.sbatch) with
+# 2 tasks (FSDP), and the USR1 Slurm sends before a time limit (sent at once with
+# `scancel --signal=USR1 --batch`, since slurmctld checks --signal only every 30 s). The job must
+# save, exit 75, requeue itself, resume in attempt 1 (SLURM_RESTART_COUNT) and finish with a
+# state equal, bit for bit, to an uninterrupted run of the same mesh.
+#   bash tests/slurm/run_slurm.sh [path/to/vidit]
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+VIDIT=$(realpath "${1:-build/vidit}")
+W=${SLURM_TEST_OUT:-$(mktemp -d /tmp/vidit-slurm-test.XXXXXX)}
+rm -rf "$W" && mkdir -p "$W"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
+unset RANK WORLD_SIZE LOCAL_RANK SLURM_PROCID SLURM_NTASKS SLURM_JOB_ID SLURM_RESTART_COUNT
+command -v sbatch >/dev/null || { echo "run_slurm: sbatch not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 1; }
+
+# The tiny model of the fault matrix, as a config file (sbatch --export splits on commas).
+cat >"$W/tiny.toml" <<'TOML'
+[model]
+dim = 32
+ffn_dim = 64
+heads = 2
+layers = 2
+in_channels = 4
+out_channels = 4
+patch = [1, 2, 2]
+text_dim = 8
+text_len = 4
+freq_dim = 16
+[data]
+source = "synthetic"
+latent_frames = 2
+latent_height = 4
+latent_width = 4
+[train]
+batch_size = 4
+threads = 1
+log_every = 1
+steps = 8
+ckpt_every = 2
+keep_checkpoints = 3
+[parallel]
+shard = 2
+TOML
+export SLURM_TRY_DIR=$W/cluster
+
+fail() { echo "run_slurm: FAILED: $*"; [ -f "$W/job.out" ] && tail -30 "$W/job.out"; bash "$HERE/stop_cluster.sh" >/dev/null 2>&1; exit 1; }
+
+echo "run_slurm: the uninterrupted run (mpirun)"
+mpirun --oversubscribe --bind-to none -np 2 "$VIDIT" train -c "$W/tiny.toml" --set train.out_dir="$W/straight" >"$W/straight.log" 2>&1 ||
+  { tail -20 "$W/straight.log"; exit 1; }
+
+bash "$HERE/start_cluster.sh" >"$W/cluster.log" 2>&1 || { cat "$W/cluster.log"; exit 1; }
+# Slow steps (0.5 s more on rank 0, in the first attempt only) leave time to preempt it.
+JOB=$(cd "$ROOT" && sbatch --parsable --nodes=1 --ntasks=2 --output="$W/job.out" \
+  --export=ALL,VIDIT="$VIDIT",VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/run faults.kind=slow faults.step=1 faults.seconds=0.5" \
+  scripts/slurm/vidit.sbatch) || fail "sbatch"
+echo "run_slurm: job $JOB submitted"
+state() { scontrol show job "$JOB" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+# Preempt it once it has done 3 steps.
+for _ in $(seq 600); do
+  s=$(tail -n 1 "$W/run/metrics.jsonl" 2>/dev/null | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+  [ -n "$s" ] && [ "$s" -ge 3 ] && break
+  sleep 0.1
+done
+[ -n "${s:-}" ] && [ "$s" -ge 3 ] || fail "the job did not reach step 3 (state $(state))"
+T0=$EPOCHREALTIME
+scancel --signal=USR1 --batch "$JOB" || fail "scancel --signal"
+echo "run_slurm: USR1 sent after step $s"
+for _ in $(seq 900); do
+  case "$(state)" in COMPLETED) break ;; FAILED|CANCELLED|TIMEOUT|NODE_FAIL) fail "job state $(state)" ;; esac
+  sleep 0.2
+done
+[ "$(state)" = COMPLETED ] || fail "the job did not complete (state $(state))"
+T1=$EPOCHREALTIME
+restarts=$(scontrol show job "$JOB" | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+ok=yes note=""
+grep -q 'stop requested (signal 10' "$W/job.out" || { ok=no; note="$note no stop on USR1"; }
+grep -q 'vidit exited with status 75' "$W/job.out" || { ok=no; note="$note first attempt did not exit 75"; }
+grep -q 'attempt 1 on' "$W/job.out" || { ok=no; note="$note no attempt 1"; }
+resumed=$(sed -n 's/^resumed from step \([0-9]*\)$/\1/p' "$W/job.out" | tail -n 1)
+[ -n "$resumed" ] || { ok=no; note="$note did not resume"; }
+steps=$(sed -n 's/.*"step":\([0-9]*\).*/\1/p' "$W/run/metrics.jsonl" | tr '\n' ' ')
+[ "$steps" = "1 2 3 4 5 6 7 8 " ] || { ok=no; note="$note metrics: $steps"; }
+equal=no
+"$VIDIT" checkpoint compare "$W/run/checkpoints/step_00000008" "$W/straight/checkpoints/step_00000008" >"$W/compare.log" 2>&1 && equal=yes
+[ "$equal" = yes ] || { ok=no; note="$note not equal"; }
+bash "$HERE/stop_cluster.sh" >/dev/null 2>&1
+echo "| case | survived | requeues | resumed from | preempt to done s | equal to uninterrupted | notes |"
+echo "|---|---|---|---|---|---|---|"
+echo "| slurm_usr1_requeue | $ok | $restarts | ${resumed:-?} | $(awk "BEGIN { printf \"%.1f\", $T1 - $T0 }") | $equal | $note |"
+[ "$ok" = yes ] || { echo "run_slurm: FAILED (logs in $W)"; exit 1; }
+echo "run_slurm: passed (logs in $W)"

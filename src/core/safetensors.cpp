@@ -1,9 +1,6 @@
 // safetensors reader and writer (see safetensors.h for the format).
 #include "core/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -68,22 +65,7 @@ uint64_t write_safetensors(WritableFile& file, const TensorMap& tensors, const s
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  Storage& disk = local_storage();
-  const std::string tmp = path + ".tmp";
-  {
-    std::unique_ptr<WritableFile> f = disk.create(tmp);
-    try {
-      write_safetensors(*f, tensors, metadata);
-      f->sync();
-      f->close();
-    } catch (...) {
-      f.reset();
-      ::unlink(tmp.c_str());
-      throw;
-    }
-  }
-  disk.rename(tmp, path);
-  disk.sync_dir(std::filesystem::path(path).parent_path().string());
+  local_storage().write_atomic(path, [&](WritableFile& f) { write_safetensors(f, tensors, metadata); });
 }
 
 namespace {

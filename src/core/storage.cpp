@@ -89,11 +89,15 @@ class LocalStorage : public Storage {
 }  // namespace
 
 void Storage::write_atomic(const std::string& path, const std::string& bytes) {
+  write_atomic(path, [&](WritableFile& f) { f.append(bytes.data(), bytes.size()); });
+}
+
+void Storage::write_atomic(const std::string& path, const std::function<void(WritableFile&)>& write) {
   const std::string tmp = path + ".tmp";
   {
     std::unique_ptr<WritableFile> f = create(tmp);
     try {
-      f->append(bytes.data(), bytes.size());
+      write(*f);
       f->sync();
       f->close();
     } catch (...) {

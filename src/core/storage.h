@@ -6,6 +6,7 @@
 // another. Every failure throws vidit::Error naming the path and the system's reason.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,8 @@ class Storage {
   // Writes `bytes` to `path` durably and atomically: `path.tmp`, fsync, rename, fsync of the
   // directory. Either the old content or the new one is found after a crash.
   void write_atomic(const std::string& path, const std::string& bytes);
+  // The same for content that `write` appends to the file (streamed, e.g. tensors).
+  void write_atomic(const std::string& path, const std::function<void(WritableFile&)>& write);
 };
 
 // The local file system (POSIX calls).

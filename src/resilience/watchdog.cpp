@@ -1,5 +1,7 @@
 #include "resilience/watchdog.h"
 
+#include "resilience/run_lock.h"  // host_name
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -39,13 +41,11 @@ void Watchdog::watch() {
   while (!cv_.wait_for(lock, period, [this] { return done_; })) {
     const double idle = double(now_ns() - last_ns_.load()) / 1e9;
     if (idle < timeout_s_) continue;
-    char host[256] = "?";
-    ::gethostname(host, sizeof host - 1);
     std::fprintf(stderr,
                  "watchdog: rank %d on %s (pid %d) made no progress for %.0f s while %s (after step %lld); "
                  "ending this process (exit %d) so that the launcher ends the job and a restart resumes from the "
                  "last checkpoint. Raise train.stall_timeout_s if steps or saves really take this long\n",
-                 rank_, host, int(::getpid()), idle, phase_.load(), (long long)step_.load(), kStallStatus);
+                 rank_, host_name().c_str(), int(::getpid()), idle, phase_.load(), (long long)step_.load(), kStallStatus);
     std::fflush(nullptr);
     std::_Exit(kStallStatus);
   }

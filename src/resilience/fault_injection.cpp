@@ -76,6 +76,12 @@ void FaultInjector::after_step(int64_t step, const TensorMap& params) {
   }
 }
 
+bool FaultInjector::process_fault_after(int64_t step) const {
+  const FaultKind k = cfg_.kind;
+  return on_ && step == cfg_.step &&
+         (k == FaultKind::exit || k == FaultKind::kill || k == FaultKind::sigterm || k == FaultKind::hang);
+}
+
 bool FaultInjector::poison_loss(int64_t step) {
   if (cfg_.kind != FaultKind::nan_grad || !mine(step)) return false;
   fired_ = true;

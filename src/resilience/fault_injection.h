@@ -15,6 +15,7 @@
 //  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
 //    overwrites 4 KiB in the middle of its first model part with garbage, or truncates that
 //    file to half its size (bit rot, a torn copy).
+// A process fault waits for a save in flight to be committed (process_fault_after).
 // Each fault fires once per process (slow: from then on) and says on stderr what it did, and
 // only in attempt `faults.attempt` of the job (0: the first), counted by the launcher
 // (TORCHELASTIC_RESTART_COUNT of torchrun, SLURM_RESTART_COUNT of a requeued Slurm job), so that
@@ -35,6 +36,11 @@ class FaultInjector {
   FaultInjector(const FaultConfig& cfg, int rank);
   // After step `step` completed on this rank; `params` are the weights this rank holds.
   void after_step(int64_t step, const TensorMap& params);
+  // True on every rank when a process fault (exit, kill, sigterm, hang) fires on some rank
+  // after step `step`: the trainer first lets the save in flight commit, so that which
+  // checkpoint is on disk when the process dies is known (a death during a save is
+  // kill_in_save's case). The same on all ranks, as every rank reads the same config.
+  bool process_fault_after(int64_t step) const;
   // In step `step`: true when this rank's loss is to be made NaN (so its gradients are, and
   // the reductions carry them to every rank).
   bool poison_loss(int64_t step);

@@ -359,6 +359,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     }
     if (step_ == trace_to) finish_trace();
     if (after_step) after_step(r);
+    if (faults_.process_fault_after(r.step) && writer_.in_flight()) finish_save();  // the same on all ranks
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
     // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
     // any rank (resilience/stop_signal.h: save below and return), and a save that is due, by

@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -24,6 +25,8 @@
 #include "parallel/comm.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
+#include "diagnose/replica_check.h"
+#include "resilience/fault_injection.h"
 #include "resilience/run_lock.h"
 #include "resilience/stop_signal.h"
 #include "parallel/plan.h"
@@ -150,12 +153,23 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
   } else if (lead) {
     std::printf("--fresh: starting from step 0\n");
   }
+  {
+    // The run's diagnostic record starts each attempt with who ran it, where (vidit doctor).
+    std::vector<std::string> hosts = trainer.hosts();
+    std::sort(hosts.begin(), hosts.end());
+    hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+    trainer.events().write(trainer.steps_done() > 0 ? "resumed" : "started", trainer.steps_done(),
+                           {{"attempt", launcher_attempt()}, {"world", env.world}, {"launcher", env.launcher},
+                            {"backend", mesh->world()->backend()}, {"hosts", hosts}, {"rank_hosts", trainer.hosts()}});
+  }
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps);
   if (trainer.stopped_by_request()) {
+    trainer.events().write("stopped", trainer.steps_done(), {{"signal", stop_signal()}});
     if (lead) std::printf("stopped at step %lld; run the same command to continue\n", (long long)trainer.steps_done());
     return kRestartStatus;
   }
+  trainer.events().write("finished", trainer.steps_done(), {{"final_loss", losses.empty() ? 0.0 : losses.back()}});
   if (lead)
     std::printf("done: %lld steps, final loss %.9g, checkpoint in %s/checkpoints\n", (long long)trainer.steps_done(),
                 losses.empty() ? 0.0 : losses.back(), cfg.train.out_dir.c_str());
@@ -367,6 +381,10 @@ int main(int argc, char** argv) {
     if (verify_ckpt->parsed()) return cmd_verify(ckpt_a);
     if (compare_ckpt->parsed()) return cmd_compare(ckpt_a, ckpt_b);
     if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);
+  } catch (const ReplicasDiverged& e) {
+    if (e.report) std::fprintf(stderr, "error: %s\n", e.what());
+    abort_world(kCorruptionStatus);
+    return kCorruptionStatus;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     abort_world(2);  // the other ranks may wait in a collective: end them too

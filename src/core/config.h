@@ -147,7 +147,7 @@ using NumList = std::vector<double>;
   KEY(double, beta2, 0.99, below_one, "AdamW beta2")                                                   \
   KEY(double, adam_eps, 1e-8, positive, "AdamW epsilon")                                               \
   KEY(double, grad_clip, 1.0, non_negative, "global-norm clip; 0 disables")                            \
-  KEY(int64_t, skip_nonfinite, 5, non_negative,                                                        \
+  KEY(int64_t, max_skipped_steps, 5, non_negative,                                                        \
       "steps in a row with a non-finite gradient norm that are skipped (no update) before the run stops") \
   KEY(double, ema_decay, 0.999, below_one, "EMA of the weights; 0 disables")                           \
   KEY(uint64_t, seed, 0, any, "seeds init, data order, noise and timesteps")                           \
@@ -164,6 +164,9 @@ using NumList = std::vector<double>;
       "training pauses only to copy its state to host memory; a background thread writes it")          \
   KEY(double, ckpt_timeout_s, 1800.0, positive, "a save whose parts are not all written by then fails") \
   KEY(int64_t, ckpt_failures_max, 3, positive, "consecutive failed saves after which the run stops")   \
+  KEY(int64_t, replica_check_every, 100, non_negative,                                                 \
+      "compare the weights of replicas bit for bit every this many steps and before every save "          \
+      "(silent data corruption; exit 87); 0: off")                                                        \
   KEY(double, stall_timeout_s, 1800.0, non_negative,                                                   \
       "a rank that makes no progress (no step, no load) for this long ends itself (exit 86); 0: off")   \
   KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \

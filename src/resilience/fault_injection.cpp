@@ -18,11 +18,15 @@
 namespace vidit {
 namespace fs = std::filesystem;
 
-FaultInjector::FaultInjector(const FaultConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
+int64_t launcher_attempt() {
   int64_t attempt = 0;
   for (const char* var : {"TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"})
     if (const char* v = std::getenv(var); v && *v) attempt = std::max<int64_t>(attempt, std::atoll(v));
-  on_ = cfg_.kind != FaultKind::none && attempt == cfg_.attempt;
+  return attempt;
+}
+
+FaultInjector::FaultInjector(const FaultConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
+  on_ = cfg_.kind != FaultKind::none && launcher_attempt() == cfg_.attempt;
 }
 
 void FaultInjector::after_step(int64_t step, const TensorMap& params) {

@@ -31,6 +31,10 @@
 
 namespace vidit {
 
+// Which attempt of the job this is: 0 first, then the launcher's restart count
+// (TORCHELASTIC_RESTART_COUNT of torchrun, SLURM_RESTART_COUNT of a requeued Slurm job).
+int64_t launcher_attempt();
+
 class FaultInjector {
  public:
   FaultInjector(const FaultConfig& cfg, int rank);

@@ -116,9 +116,9 @@ StepResult Trainer::step() {
   const bool skipped = !std::isfinite(grad_norm);
   if (skipped) {
     ++skipped_in_a_row_;
-    VIDIT_CHECK(skipped_in_a_row_ <= tc.skip_nonfinite, "training diverged at step ", step_ + 1, ": ",
-                skipped_in_a_row_, " steps in a row had a non-finite gradient norm (train.skip_nonfinite = ",
-                tc.skip_nonfinite, "); lower train.lr or raise train.warmup_steps, and check the data of these steps");
+    VIDIT_CHECK(skipped_in_a_row_ <= tc.max_skipped_steps, "training diverged at step ", step_ + 1, ": ",
+                skipped_in_a_row_, " steps in a row had a non-finite gradient norm (train.max_skipped_steps = ",
+                tc.max_skipped_steps, "); lower train.lr or raise train.warmup_steps, and check the data of these steps");
   } else {
     skipped_in_a_row_ = 0;
     opt_->step(lr);

@@ -14,6 +14,8 @@
 #include "core/peak_flops.h"
 #include "core/storage.h"
 #include "core/trace.h"
+#include "diagnose/rank_hosts.h"
+#include "diagnose/replica_check.h"
 #include "parallel/parallelize.h"
 #include "resilience/stop_signal.h"
 #include "model/state_dict.h"
@@ -70,6 +72,21 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                                                             cfg.train.weight_decay},
                                  pm_->whole_shapes());
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(pm_->params(), cfg.train.ema_decay);
+  hosts_ = gather_hosts(*mesh_->world());
+}
+
+EventLog& Trainer::events() {
+  if (!events_) events_ = std::make_unique<EventLog>(is_lead() ? cfg_.train.out_dir : "");
+  return *events_;
+}
+
+void Trainer::check_replicas_or_stop() {
+  if (cfg_.train.replica_check_every <= 0) return;
+  const TensorMap optimizer = opt_->state();
+  const ReplicaVerdict v = check_replicas(*mesh_, {&pm_->params(), &optimizer}, hosts_, step_);
+  if (v.consistent) return;
+  events().write("replicas_diverged", step_, {{"suspects", v.suspects}, {"groups", v.detail}});
+  throw ReplicasDiverged(v.message, is_lead());
 }
 
 std::string Trainer::save() {
@@ -80,8 +97,10 @@ std::string Trainer::save() {
 void Trainer::start_save() {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& tc = cfg_.train;
-  // One save at a time: the previous one ends (and all ranks agree on it) first.
+  // One save at a time: the previous one ends (and all ranks agree on it) first. Replicas
+  // that disagree are never saved.
   finish_save();
+  check_replicas_or_stop();
   watchdog_->beat("saving a checkpoint", step_);
   SaveJob job;
   job.out_dir = tc.out_dir;
@@ -173,6 +192,8 @@ std::string Trainer::finish_save() {
       std::fprintf(stderr, "rank %d: its part of the checkpoint of step %lld failed: %s\n", mesh_->rank(),
                    (long long)step, done->error.c_str());
     }
+    events().write("save_failed", step, {{"rank", bad_rank}, {"host", bad_rank < int(hosts_.size()) ? hosts_[size_t(bad_rank)] : ""},
+                                         {"error", done ? done->error : ""}, {"in_a_row", failed_saves_}});
     VIDIT_CHECK(failed_saves_ < cfg_.train.ckpt_failures_max, failed_saves_,
                 " saves in a row failed (train.ckpt_failures_max); stopping. Fix the storage of ", cfg_.train.out_dir,
                 " and run the same command again: it resumes from the newest good checkpoint");
@@ -348,6 +369,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (r.skipped && is_lead() && console)
       std::printf("step %lld: the gradient norm is not finite (%g); the update was skipped (%lld in a row)\n",
                   (long long)r.step, r.grad_norm, (long long)skipped_in_a_row_);
+    if (r.skipped) events().write("skipped_update", r.step, {{"grad_norm", r.grad_norm}, {"in_a_row", skipped_in_a_row_}});
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
                     double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
@@ -361,6 +383,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (after_step) after_step(r);
     if (faults_.process_fault_after(r.step) && writer_.in_flight()) finish_save();  // the same on all ranks
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
+    if (cfg_.train.replica_check_every > 0 && r.step % cfg_.train.replica_check_every == 0) check_replicas_or_stop();
     // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
     // any rank (resilience/stop_signal.h: save below and return), and a save that is due, by
     // the step count or by rank 0's clock (train.ckpt_every_minutes).

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "diagnose/events.h"
 #include "loader/batch_source.h"
 #include "loader/dataset.h"
 #include "parallel/mesh.h"
@@ -101,6 +102,10 @@ class Trainer {
   TensorMap weights() const { return pm_->whole(pm_->params()); }
   TensorMap ema_weights() const { return ema_ ? pm_->whole(ema_->weights()) : TensorMap{}; }
   const Config& config() const { return cfg_; }
+  // <out_dir>/events.jsonl (rank 0; a sink on the others).
+  EventLog& events();
+  // The host of each rank, by rank.
+  const std::vector<std::string>& hosts() const { return hosts_; }
 
  private:
   // The Dataset constructor's work, once the mesh exists.
@@ -140,6 +145,12 @@ class Trainer {
   int64_t failed_saves_ = 0;
   std::chrono::steady_clock::time_point last_save_time_;
   int64_t skipped_in_a_row_ = 0;
+  // Diagnosis: every rank's host (gathered at construction), the run's events.jsonl (rank 0;
+  // opened at first use), and the replica check (diagnose/replica_check.h), which throws
+  // ReplicasDiverged on every rank when replicas disagree.
+  std::vector<std::string> hosts_;
+  std::unique_ptr<EventLog> events_;
+  void check_replicas_or_stop();
 };
 
 }  // namespace vidit

@@ -262,7 +262,7 @@ TEST(Checkpoint, TimeBasedSavesComeByTheClock) {
 
 TEST(Trainer, NonFiniteGradientSkipsTheUpdate) {
   // A NaN loss in step 3 (fault injection): the update is skipped, the weights stay finite, and
-  // the run goes on; train.skip_nonfinite=0 stops it instead.
+  // the run goes on; train.max_skipped_steps=0 stops it instead.
   ScratchDir dir("nan_grad");
   Config c = tiny_config({"train.steps=4", "train.out_dir=\"" + dir.path() + "\"", "faults.kind=\"nan_grad\"",
                           "faults.step=3"});
@@ -274,7 +274,7 @@ TEST(Trainer, NonFiniteGradientSkipsTheUpdate) {
   for (const auto& [name, w] : t.weights()) EXPECT_TRUE(at::equal(w, before.at(name))) << name;
   EXPECT_FALSE(t.step().skipped);
   Config d = c;
-  d.train.skip_nonfinite = 0;
+  d.train.max_skipped_steps = 0;
   Trainer u(d, synthetic(d), null_text(d));
   u.step(), u.step();
   EXPECT_THROW(u.step(), Error);

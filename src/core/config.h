@@ -49,7 +49,9 @@ VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
 VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
 // faults.kind: what the fault injection does (resilience/fault_injection.h).
 VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, hang, slow, nan_grad, bitflip, corrupt_checkpoint,
-                  truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save)
+                  truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save, poison_sample)
+// train.spike_action: what a loss or gradient spike does (diagnose/spike_detector.h).
+VIDIT_CONFIG_ENUM(SpikeAction, off, log, skip)
 // train.schedule after warm-up.
 VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 // diffusion.timestep_sampling of sigma.
@@ -164,9 +166,18 @@ using NumList = std::vector<double>;
       "training pauses only to copy its state to host memory; a background thread writes it")          \
   KEY(double, ckpt_timeout_s, 1800.0, positive, "a save whose parts are not all written by then fails") \
   KEY(int64_t, ckpt_failures_max, 3, positive, "consecutive failed saves after which the run stops")   \
+  KEY(SpikeAction, spike_action, SpikeAction::log, any,                                               \
+      "a step whose loss (against a baseline per sigma bin) or gradient norm is train.spike_z spreads "    \
+      "high: \"log\" (events.jsonl, forensics/step_N.json), \"skip\" (and no update), \"off\"")           \
+  KEY(double, spike_z, 6.0, positive, "spike threshold, in spreads of the running baseline")            \
+  KEY(int64_t, spike_bins, 8, positive, "sigma bins of the per-sample loss baseline")                 \
+  KEY(int64_t, spike_warmup, 8, positive, "samples a sigma bin (steps: the gradient norm) sees before it judges") \
   KEY(int64_t, replica_check_every, 100, non_negative,                                                 \
       "compare the weights of replicas bit for bit every this many steps and before every save "          \
       "(silent data corruption; exit 87); 0: off")                                                        \
+  KEY(double, straggler_threshold, 0.7, below_one,                                                    \
+      "a rank whose score (median busy time over ranks / its own) stays below this is a straggler")    \
+  KEY(int64_t, straggler_patience, 3, positive, "logged steps in a row below the threshold before it is reported") \
   KEY(double, stall_timeout_s, 1800.0, non_negative,                                                   \
       "a rank that makes no progress (no step, no load) for this long ends itself (exit 86); 0: off")   \
   KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \
@@ -223,7 +234,8 @@ using NumList = std::vector<double>;
       "\"nan_grad\" (NaN in its gradients, in step faults.step itself), \"bitflip\" (one bit of one weight); in the "   \
       "step's checkpoint: \"corrupt_checkpoint\" (4 KiB of garbage) or \"truncate_checkpoint\" (half its size) " \
       "in the model part; while the rank writes it: \"disk_full\" (ENOSPC), \"io_error\" (EIO at fsync), "     \
-      "\"slow_storage\" (faults.seconds per file), \"kill_in_save\" (SIGKILL mid-file)")                    \
+      "\"slow_storage\" (faults.seconds per file), \"kill_in_save\" (SIGKILL mid-file); in the step: "          \
+      "\"poison_sample\" (its first sample's latents x 1000: a sample with extreme values)")                    \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
   KEY(int64_t, rank, 0, non_negative, "the rank it happens on (corrupt/truncate_checkpoint: rank 0 does them)") \
   KEY(double, seconds, 2.0, non_negative, "slow: seconds added to each step; slow_storage: to each file written") \

@@ -18,7 +18,10 @@ std::vector<std::string> gather_hosts(Comm& world) {
   world.all_gather(in, all)->wait();
   std::vector<std::string> hosts;
   const char* bytes = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < world.size(); ++r) hosts.emplace_back(bytes + r * sizeof name, strnlen(bytes + r * sizeof name, sizeof name));
+  for (int r = 0; r < world.size(); ++r) {
+    const char* h = bytes + size_t(r) * sizeof name;
+    hosts.emplace_back(h, h + strnlen(h, sizeof name));
+  }
   return hosts;
 }
 

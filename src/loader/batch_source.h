@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "loader/dataset.h"
@@ -26,6 +28,9 @@ struct MicroBatch {
   // numbers it would get in a single-process run.
   int64_t global_rows = 0;
   int64_t row_offset = 0;
+  // Who each row is, for blame when a step goes wrong (diagnose/forensics.h): a JSON object,
+  // {"index": i} for a dataset, {"key", "source", "start", "end", "bucket"} for the cache.
+  std::vector<std::string> ids;
 };
 
 class BatchSource {
@@ -54,7 +59,9 @@ class EpochBatchSource : public BatchSource {
     std::vector<int64_t> all = sampler_.next(batch_size);
     std::vector<int64_t> mine(all.begin() + rank_ * per_rank, all.begin() + (rank_ + 1) * per_rank);
     auto [x, t] = data_->batch(mine);
-    return {x, at::Tensor(), t, batch_size, rank_ * per_rank};
+    MicroBatch b{x, at::Tensor(), t, batch_size, rank_ * per_rank, {}};
+    for (int64_t i : mine) b.ids.push_back("{\"index\":" + std::to_string(i) + "}");
+    return b;
   }
   SamplerState state() const override { return sampler_.state(); }
   void set_state(const SamplerState& s) override { sampler_.set_state(s); }

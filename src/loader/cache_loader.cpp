@@ -74,6 +74,7 @@ void CacheLoader::work() {
 MicroBatch CacheLoader::assemble(const Job& job) {
   const auto& m = cfg_.model;
   std::vector<at::Tensor> lat, spread, txt;
+  std::vector<std::string> ids;
   for (int64_t i : job.indices) {
     try {
       LatentCache::Loaded s = cache_->load(i, /*verify=*/true);
@@ -84,6 +85,11 @@ MicroBatch CacheLoader::assemble(const Job& job) {
       lat.push_back(s.mean);
       spread.push_back(s.std);
       txt.push_back(t);
+      const CacheIndexEntry& e = cache_->entry(i);
+      nlohmann::json id = {{"key", e.key}, {"bucket", e.bucket}};
+      for (const char* k : {"source", "start", "end"})
+        if (e.meta.is_object() && e.meta.contains(k)) id[k] = e.meta[k];
+      ids.push_back(id.dump());
     } catch (const Error& e) {
       std::fprintf(stderr, "[loader] skipping a sample: %s\n", e.what());
       std::lock_guard<std::mutex> lock(mu_);
@@ -96,6 +102,7 @@ MicroBatch CacheLoader::assemble(const Job& job) {
     return {empty, empty, at::zeros({0, m.text_len, m.text_dim})};
   }
   MicroBatch b{at::stack(lat), at::stack(spread), at::stack(txt)};
+  b.ids = std::move(ids);
   if (pin_) b.latents = b.latents.pin_memory(), b.latent_std = b.latent_std.pin_memory(), b.texts = b.texts.pin_memory();
   return b;
 }

@@ -30,13 +30,6 @@ FaultInjector::FaultInjector(const FaultConfig& cfg, int rank) : cfg_(cfg), rank
 }
 
 void FaultInjector::after_step(int64_t step, const TensorMap& params) {
-  if (on_ && cfg_.kind == FaultKind::slow && rank_ == int(cfg_.rank) && step >= cfg_.step) {
-    if (step == cfg_.step)
-      std::fprintf(stderr, "fault injection: rank %d is slow (%.2f s more per step) from step %lld\n", rank_,
-                   cfg_.seconds, (long long)step);
-    std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.seconds));
-    return;
-  }
   if (!mine(step)) return;
   switch (cfg_.kind) {
     case FaultKind::exit:
@@ -80,10 +73,26 @@ void FaultInjector::after_step(int64_t step, const TensorMap& params) {
   }
 }
 
+void FaultInjector::slow_compute(int64_t step) {
+  if (!on_ || cfg_.kind != FaultKind::slow || rank_ != int(cfg_.rank) || step < cfg_.step) return;
+  if (step == cfg_.step)
+    std::fprintf(stderr, "fault injection: rank %d computes slowly (%.2f s more per step) from step %lld\n", rank_,
+                 cfg_.seconds, (long long)step);
+  std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.seconds));
+}
+
 bool FaultInjector::process_fault_after(int64_t step) const {
   const FaultKind k = cfg_.kind;
   return on_ && step == cfg_.step &&
          (k == FaultKind::exit || k == FaultKind::kill || k == FaultKind::sigterm || k == FaultKind::hang);
+}
+
+bool FaultInjector::poison_sample(int64_t step) {
+  if (cfg_.kind != FaultKind::poison_sample || !mine(step)) return false;
+  fired_ = true;
+  std::fprintf(stderr, "fault injection: rank %d poisons its first sample of step %lld (latents x 1000)\n", rank_,
+               (long long)step);
+  return true;
 }
 
 bool FaultInjector::poison_loss(int64_t step) {

@@ -4,12 +4,15 @@
 // tests/faults/run_matrix.sh). On rank `faults.rank`:
 //  - after step `faults.step`: exit (status 17), kill (SIGKILL: no handler, no flush: a node
 //    that dies), sigterm (a scheduler's preemption; stop_signal.h), hang (stops making
-//    progress: the watchdog, watchdog.h, ends it), slow (every later step takes
-//    `faults.seconds` longer: a slow node), bitflip (one bit of one weight flips: silent data
+//    progress: the watchdog, watchdog.h, ends it), bitflip (one bit of one weight flips: silent data
 //    corruption);
+//  - slow: from step `faults.step` on, its forward pass takes `faults.seconds` longer: a slow
+//    device, which the others wait for (a straggler, diagnose/stragglers.h);
 //  - nan_grad: in step `faults.step`, its loss, and so its gradients, become NaN (what an
 //    overflow does); the gradient reductions carry the NaN to every rank, and every rank skips
 //    that update (train_step.cpp);
+//  - poison_sample: in step `faults.step`, its first sample's latents are multiplied by 1000
+//    (a sample with extreme values that passed every check: the spike detector blames it);
 //  - while it writes its part of the checkpoint of step `faults.step`: disk_full, io_error,
 //    slow_storage, kill_in_save (faulty_storage.h);
 //  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
@@ -48,6 +51,10 @@ class FaultInjector {
   // In step `step`: true when this rank's loss is to be made NaN (so its gradients are, and
   // the reductions carry them to every rank).
   bool poison_loss(int64_t step);
+  // In step `step`: true when this rank's first sample is to be poisoned (its latents x 1000).
+  bool poison_sample(int64_t step);
+  // In step `step` and every later one, during the forward pass: a slow device's compute.
+  void slow_compute(int64_t step);
   // The storage the save of `step` writes through: `base`, or a failing wrapper over it.
   Storage& storage_for_save(int64_t step, Storage& base);
   // After the checkpoint of `step` was committed in `dir` (rank 0's view; "" on other ranks).

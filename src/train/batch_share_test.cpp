@@ -38,7 +38,7 @@ class UnevenSlices : public BatchSource {
     position_ += global;
     auto [x, t] = data_->batch(all);  // the global batch; this rank keeps its rows
     const int64_t mine = sizes_[size_t(rank_)];
-    return {x.narrow(0, offset, mine).clone(), at::Tensor(), t.narrow(0, offset, mine).clone(), global, offset};
+    return {x.narrow(0, offset, mine).clone(), at::Tensor(), t.narrow(0, offset, mine).clone(), global, offset, {}};
   }
   SamplerState state() const override { return {0, 0, position_}; }
   void set_state(const SamplerState& s) override { position_ = s.position; }

@@ -51,7 +51,8 @@ void MetricsLogger::log(const StepMetrics& m) {
     if (m.mfu >= 0) j["mfu"] = m.mfu;
     if (m.comm_wait_s >= 0) j["comm_wait_s"] = m.comm_wait_s;
     if (m.slowest_rank >= 0)
-      j["slowest_rank"] = m.slowest_rank, j["slowest_busy_s"] = m.slowest_busy_s, j["median_busy_s"] = m.median_busy_s;
+      j["slowest_rank"] = m.slowest_rank, j["slowest_busy_s"] = m.slowest_busy_s, j["median_busy_s"] = m.median_busy_s,
+      j["slowest_host"] = m.slowest_host, j["slowest_score"] = m.slowest_score;
     jsonl_ << j.dump() << "\n";
     jsonl_.flush();
   }

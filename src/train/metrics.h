@@ -19,6 +19,8 @@ struct StepMetrics {
   // collectives: a slow node makes the others wait, so it is busiest), and the median over ranks.
   int slowest_rank = -1;
   double slowest_busy_s = 0, median_busy_s = 0;
+  std::string slowest_host;    // its host
+  double slowest_score = 1;    // median / its busy time (diagnose/stragglers.h)
 };
 
 class MetricsLogger {

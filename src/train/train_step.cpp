@@ -2,7 +2,7 @@
 // micro-batches (data, flow-matching noising, caption dropout, forward under autocast, loss
 // weighted by the rank's share of the samples, backward with the parallel model's gradient
 // reductions around it) -> global totals -> clip (global norm from the layouts) -> AdamW ->
-// EMA, or no update when the gradient norm is not finite. The phases are slices of the trace (core/trace.h) when one is recorded.
+// EMA, or no update when the gradient norm is not finite (or the step spiked, if so configured). The phases are slices of the trace (core/trace.h) when one is recorded.
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -26,6 +26,7 @@ StepResult Trainer::step() {
   for (const auto& [name, p] : pm_->params()) at::Tensor(p).mutable_grad() = at::Tensor();
   double loss_sum = 0, flops = 0, data_wait = 0;
   int64_t samples = 0, tokens = 0;
+  StepSamples mine;  // each real sample's own loss, sigma and identity (spike detection)
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     // Data: clean latents x0 and text embeddings for this micro-batch. Every data-parallel rank
     // takes one batch per micro-batch, and its loss is weighted by its share of the samples of
@@ -45,6 +46,7 @@ StepResult Trainer::step() {
     }
     at::Tensor x0 = mb.latents.to(at::kFloat);
     const int64_t B = x0.size(0);
+    if (B > 0 && faults_.poison_sample(step_ + 1)) x0[0].mul_(1000);
     // Random numbers are drawn for the whole global batch (data parallel: this rank keeps its
     // rows), so each sample gets the same ones whatever the number of ranks.
     const int64_t global = mb.global_rows > 0 ? mb.global_rows : B;
@@ -80,8 +82,18 @@ StepResult Trainer::step() {
       trace::Span span("forward", "step");
       AutocastGuard autocast(tc.precision, device_.type());
       pred = pm_->model()->forward(fs.x_t, fs.timestep, dev(text));
+      faults_.slow_compute(step_ + 1);
     }
     at::Tensor loss = flow_loss(pred, fs.target);
+    if (B > 0 && tc.spike_action != SpikeAction::off) {
+      at::NoGradGuard ng;
+      const at::Tensor own = (pred.detach().to(at::kFloat) - fs.target.to(at::kFloat)).pow(2).flatten(1).mean(1).cpu();
+      const at::Tensor sig = sigma.to(at::kDouble).cpu();
+      for (int64_t i = 0; i < B; ++i) {
+        mine.loss.push_back(own[i].item<double>()), mine.sigma.push_back(sig[i].item<double>());
+        mine.ids.push_back(size_t(i) < mb.ids.size() ? mb.ids[size_t(i)] : "null");
+      }
+    }
     if (share != 1) loss = loss * share;
     if (faults_.poison_loss(step_ + 1)) loss = loss * std::numeric_limits<double>::quiet_NaN();
     loss = loss / double(tc.grad_accum);
@@ -113,11 +125,14 @@ StepResult Trainer::step() {
   const double grad_norm = pm_->clip_grad_norm(tc.grad_clip);
   // A non-finite gradient (an overflow, a bad sample) would make every weight NaN: the update is
   // skipped instead. The norm is global, so every rank decides the same.
-  const bool skipped = !std::isfinite(grad_norm);
+  // A spike (diagnose/spike_detector.h: the loss against its per-sigma baseline, or the norm
+  // against its own) is reported with its samples, and skipped when train.spike_action = "skip".
+  const SpikeVerdict spike = tc.spike_action == SpikeAction::off ? SpikeVerdict{} : judge_spike(mine, grad_norm, step_ + 1);
+  const bool skipped = !std::isfinite(grad_norm) || (spike.spike && tc.spike_action == SpikeAction::skip);
   if (skipped) {
     ++skipped_in_a_row_;
     VIDIT_CHECK(skipped_in_a_row_ <= tc.max_skipped_steps, "training diverged at step ", step_ + 1, ": ",
-                skipped_in_a_row_, " steps in a row had a non-finite gradient norm (train.max_skipped_steps = ",
+                skipped_in_a_row_, " steps in a row had a non-finite gradient norm or a spike (train.max_skipped_steps = ",
                 tc.max_skipped_steps, "); lower train.lr or raise train.warmup_steps, and check the data of these steps");
   } else {
     skipped_in_a_row_ = 0;
@@ -129,7 +144,8 @@ StepResult Trainer::step() {
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double wait = mesh_->comm_times().wait_s() - wait0;
-  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped};
+  return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped, spike.spike,
+          spike.loss_z};
 }
 
 }  // namespace vidit

@@ -7,13 +7,16 @@
 #include <cstdio>
 #include <chrono>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/peak_flops.h"
 #include "core/storage.h"
 #include "core/trace.h"
+#include "diagnose/forensics.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
 #include "parallel/parallelize.h"
@@ -55,7 +58,9 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       info_(model_info(cfg)),
       faults_(cfg.faults, mesh_->rank()),
       watchdog_(std::make_unique<Watchdog>(cfg.train.stall_timeout_s, mesh_->rank())),
-      last_save_time_(std::chrono::steady_clock::now()) {
+      last_save_time_(std::chrono::steady_clock::now()),
+      stragglers_(cfg.train.straggler_threshold, cfg.train.straggler_patience),
+      spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   torch::manual_seed(cfg.train.seed);
   DiT model(cfg.model);
@@ -270,13 +275,93 @@ double Trainer::sample_flops(const at::Tensor& x) {
   return model_info(c).train_flops;
 }
 
-void Trainer::find_slowest(const StepResult& r, StepMetrics& m) const {
+void Trainer::find_slowest(const StepResult& r, StepMetrics& m) {
   at::Tensor mine = at::tensor({r.seconds - std::max(0.0, r.comm_wait_s)}, at::kDouble);
   at::Tensor all = at::empty({mesh_->size()}, at::kDouble);
   mesh_->world()->all_gather(mine, all)->wait();
+  const std::vector<double> busy(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  const std::vector<StragglerChange> changes = stragglers_.observe(busy);
   m.slowest_rank = int(all.argmax().item<int64_t>());
   m.slowest_busy_s = all.max().item<double>();
   m.median_busy_s = all.median().item<double>();
+  m.slowest_host = hosts_.at(size_t(m.slowest_rank));
+  m.slowest_score = stragglers_.scores().at(size_t(m.slowest_rank)).relative;
+  if (!is_lead()) return;
+  for (const StragglerChange& c : changes) {
+    const std::string who = rank_and_host(c.rank, hosts_);
+    if (c.straggling) {
+      std::fprintf(stderr,
+                   "straggler: %s has computed %.2fx as long as the median rank for %lld logged steps (score %.2f < "
+                   "train.straggler_threshold %.2f; %.3f s against %.3f s; its own best %.3f s): every rank waits "
+                   "for it at each collective. Check that host (vidit health) or exclude it\n",
+                   who.c_str(), c.score.busy_s / std::max(c.median_busy_s, 1e-9), (long long)c.steps, c.score.relative,
+                   cfg_.train.straggler_threshold, c.score.busy_s, c.median_busy_s,
+                   c.score.busy_s * c.score.individual);
+    } else {
+      std::fprintf(stderr, "straggler: %s is back to speed (score %.2f)\n", who.c_str(), c.score.relative);
+    }
+    events().write(c.straggling ? "straggler" : "straggler_recovered", r.step,
+                   {{"rank", c.rank}, {"host", hosts_.at(size_t(c.rank))}, {"score", c.score.relative},
+                    {"individual_score", c.score.individual}, {"busy_s", c.score.busy_s},
+                    {"median_busy_s", c.median_busy_s}});
+  }
+}
+
+SpikeVerdict Trainer::judge_spike(const StepSamples& mine, double grad_norm, int64_t step) {
+  // Every sample of the global batch, once: gathered over "dp" (the members of an sp or tensor
+  // group hold the same samples), padded to the largest count. Columns: loss, sigma, rank.
+  const auto& dp = mesh_->group("dp");
+  const int64_t n = int64_t(mine.loss.size());
+  at::Tensor cap = at::tensor({double(n)}, at::kDouble);
+  dp->all_reduce(cap, ReduceOp::Max)->wait();
+  const int64_t c = int64_t(cap.item<double>());
+  if (c == 0) return {};
+  at::Tensor rows = at::full({c, 3}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+  for (int64_t i = 0; i < n; ++i) {
+    rows[i][0] = mine.loss[size_t(i)], rows[i][1] = mine.sigma[size_t(i)], rows[i][2] = double(mesh_->rank());
+  }
+  at::Tensor all = at::empty({dp->size() * c * 3}, at::kDouble);
+  dp->all_gather(rows.view(-1), all)->wait();
+  const double* a = all.data_ptr<double>();
+  std::vector<SampleLoss> samples;
+  std::vector<StepSample> who;
+  std::vector<int64_t> slot;  // position of each sample in the gathered rows
+  for (int64_t i = 0; i < dp->size() * c; ++i) {
+    if (std::isnan(a[3 * i + 1])) continue;  // padding
+    samples.push_back({a[3 * i + 1], a[3 * i]});
+    who.push_back({nullptr, int(a[3 * i + 2]), a[3 * i + 1], a[3 * i]});
+    slot.push_back(i);
+  }
+  SpikeVerdict v = spikes_.observe(samples, grad_norm);
+  if (!v.spike) return v;
+  // A spike: who the samples are (512 bytes of each id, gathered only now).
+  constexpr int64_t kIdBytes = 512;
+  at::Tensor ids = at::zeros({c, kIdBytes / 8}, at::kLong);
+  for (int64_t i = 0; i < n && size_t(i) < mine.ids.size(); ++i)
+    std::memcpy(static_cast<char*>(ids.data_ptr()) + i * kIdBytes, mine.ids[size_t(i)].data(),
+                std::min<size_t>(mine.ids[size_t(i)].size(), kIdBytes - 1));
+  at::Tensor all_ids = at::empty({dp->size() * c * (kIdBytes / 8)}, at::kLong);
+  dp->all_gather(ids.view(-1), all_ids)->wait();
+  if (!is_lead()) return v;
+  const char* bytes = static_cast<const char*>(all_ids.data_ptr());
+  for (size_t k = 0; k < who.size(); ++k) {
+    const char* id = bytes + slot[k] * kIdBytes;
+    who[k].id = nlohmann::json::parse(std::string(id, strnlen(id, kIdBytes)), nullptr, /*allow_exceptions=*/false);
+  }
+  const std::string action = name_of(cfg_.train.spike_action);
+  const std::string path =
+      write_forensics(cfg_.train.out_dir, step, v, who, grad_norm, cfg_.train.spike_z, action, hosts_);
+  const nlohmann::json report = nlohmann::json::parse(std::ifstream(path));
+  const std::string blamed = describe_blamed(report);
+  std::fprintf(stderr, "spike at step %lld: the %s %s %.1f spreads above its baseline (loss z %.1f, gradient z %.1f); "
+                       "blamed: %s; %s; forensics in %s\n",
+               (long long)step, v.why.c_str(), v.why.find(" and ") != std::string::npos ? "are" : "is",
+               std::max(v.loss_z, v.grad_z), v.loss_z, v.grad_z, blamed.c_str(),
+               cfg_.train.spike_action == SpikeAction::skip ? "the update is skipped" : "training goes on",
+               path.c_str());
+  events().write("spike", step, {{"why", v.why}, {"loss_z", v.loss_z}, {"grad_z", v.grad_z}, {"action", action},
+                                 {"blamed", report.at("blamed")}, {"forensics", path}});
+  return v;
 }
 
 double Trainer::batch_share(const MicroBatch& mb) const {
@@ -296,7 +381,7 @@ MicroBatch Trainer::stand_in() const {
   if (last_batch_.latents.defined()) return last_batch_;
   const auto& d = cfg_.data;
   return {at::zeros({1, cfg_.model.in_channels, d.latent_frames, d.latent_height, d.latent_width}), at::Tensor(),
-          null_text_.unsqueeze(0).to(at::kFloat)};
+          null_text_.unsqueeze(0).to(at::kFloat), 0, 0, {}};
 }
 
 bool Trainer::resume() {
@@ -366,13 +451,18 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss) || r.skipped, "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
-    if (r.skipped && is_lead() && console)
+    if (r.skipped && is_lead() && console && !r.spike)
       std::printf("step %lld: the gradient norm is not finite (%g); the update was skipped (%lld in a row)\n",
                   (long long)r.step, r.grad_norm, (long long)skipped_in_a_row_);
-    if (r.skipped) events().write("skipped_update", r.step, {{"grad_norm", r.grad_norm}, {"in_a_row", skipped_in_a_row_}});
+    if (r.skipped)
+      events().write("skipped_update", r.step, {{"why", r.spike ? "spike" : "non-finite gradient norm"},
+                                                {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
+                                                {"in_a_row", skipped_in_a_row_}});
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
-      StepMetrics m{r.step, total, r.loss, r.grad_norm, r.lr, r.seconds, double(r.samples) / r.seconds,
-                    double(r.tokens) / r.seconds, r.flops / r.seconds / 1e12};
+      StepMetrics m;
+      m.step = r.step, m.total_steps = total, m.loss = r.loss, m.grad_norm = r.grad_norm, m.lr = r.lr;
+      m.step_seconds = r.seconds, m.samples_per_s = double(r.samples) / r.seconds;
+      m.tokens_per_s = double(r.tokens) / r.seconds, m.tflops = r.flops / r.seconds / 1e12;
       m.comm_wait_s = mesh_->world()->backend() == "single" ? -1 : r.comm_wait_s;  // alone: nothing to wait for
       m.data_wait_s = r.data_wait_s;
       if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());

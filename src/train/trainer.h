@@ -24,6 +24,8 @@
 
 #include "core/config.h"
 #include "diagnose/events.h"
+#include "diagnose/spike_detector.h"
+#include "diagnose/stragglers.h"
 #include "loader/batch_source.h"
 #include "loader/dataset.h"
 #include "parallel/mesh.h"
@@ -50,7 +52,9 @@ struct StepResult {
   double seconds = 0;
   double comm_wait_s = 0;   // time this rank was blocked in collectives
   double data_wait_s = 0;   // time spent waiting for the data source's batches
-  bool skipped = false;     // the gradient norm was not finite: no update was made
+  bool skipped = false;     // no update was made: the gradient norm was not finite, or a spike was skipped
+  bool spike = false;       // the loss or gradient norm spiked (diagnose/spike_detector.h)
+  double loss_z = 0;        // the step's loss against its per-sigma baseline, in spreads
 };
 
 class Trainer {
@@ -128,8 +132,9 @@ class Trainer {
   double batch_share(const MicroBatch& mb) const;
   // What an idle rank computes (with weight 0): its last batch, or zeros before it has one.
   MicroBatch stand_in() const;
-  // Fills m's slowest rank and median busy time (all-gather of one double).
-  void find_slowest(const StepResult& r, StepMetrics& m) const;
+  // Fills m's slowest rank, its host and score, and the median busy time (all-gather of one
+  // double), and reports ranks that become or stop being stragglers (diagnose/stragglers.h).
+  void find_slowest(const StepResult& r, StepMetrics& m);
   MicroBatch last_batch_;
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
@@ -150,6 +155,15 @@ class Trainer {
   // ReplicasDiverged on every rank when replicas disagree.
   std::vector<std::string> hosts_;
   std::unique_ptr<EventLog> events_;
+  StragglerDetector stragglers_;
+  // Spikes: this rank's samples of the step (loss, sigma, who), judged on every rank alike
+  // after gathering them over "dp"; a spike writes forensics/step_N.json (rank 0).
+  struct StepSamples {
+    std::vector<double> loss, sigma;
+    std::vector<std::string> ids;
+  };
+  SpikeDetector spikes_;
+  SpikeVerdict judge_spike(const StepSamples& mine, double grad_norm, int64_t step);
   void check_replicas_or_stop();
 };
 

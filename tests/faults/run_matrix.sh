@@ -111,6 +111,10 @@ run_case() {
   # The work lost per failure is at most one checkpoint interval, plus the step or so a save is
   # still being written in the background after it was taken.
   [ "$restarts" -gt 0 ] && [ "$lost" -gt $(( restarts * 3 )) ] && { ok=no; note="$note lost more than an interval"; }
+  # A case that must also be diagnosed: what the first attempt must have said ($SAYS).
+  if [ -n "${SAYS:-}" ]; then
+    grep -qF -- "$SAYS" "$dir.attempt0.log" && note="$note said \"$SAYS\"" || { ok=no; note="$note did not say \"$SAYS\""; }
+  fi
   [ "$ok" = yes ] || FAILED=1
   ROWS+=("$(printf '| %s | %s | %s | %s | %s | %s | %s | %s |' "$name" "$how" "$ok" "$restarts" "$lost" \
     "$recovery" "$equal" "$note")")
@@ -130,6 +134,13 @@ run_case second_failure        mpi yes "faults.kind=kill faults.step=5 faults.ra
 run_case restart_determinism   mpi yes "--max-steps 3"
 run_case torchrun_max_restarts torchrun yes "faults.kind=kill faults.step=5 faults.rank=1"
 run_case nan_gradient          mpi no  "faults.kind=nan_grad faults.step=5 faults.rank=1"
+# One bit of one replica's weights flips (2 replicas for this case): found before the save of
+# step 6 (exit 87, both ranks named: two replicas have no majority), resumed from step 4.
+SAYS="silent data corruption after step 6: rank 0 (" \
+run_case sdc_bitflip           mpi yes "parallel.shard=1 parallel.replicate=2 faults.kind=bitflip faults.step=5 faults.rank=1"
+# A rank whose compute is several times slower from step 2: the run completes, naming it.
+SAYS="straggler: rank 1 (" \
+run_case slow_rank             mpi yes "faults.kind=slow faults.step=2 faults.rank=1 faults.seconds=0.15"
 
 # A second run on the same out_dir while the first runs (a requeued job started twice): refused,
 # naming the holder; the first one goes on undisturbed.

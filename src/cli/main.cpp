@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <set>
 
 #include "core/config.h"
 #include "core/error.h"
 #include "core/malloc_tuning.h"
+#include "core/peak_flops.h"
 #include "core/safetensors.h"
 #include "loader/cache_loader.h"
 #include "loader/dataset.h"
@@ -25,6 +27,9 @@
 #include "parallel/comm.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
+#include "diagnose/doctor.h"
+#include "diagnose/health.h"
+#include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
 #include "resilience/fault_injection.h"
 #include "resilience/run_lock.h"
@@ -82,6 +87,41 @@ at::Device train_device(const Config& cfg, const LaunchEnv& env) {
   return at::Device(at::kCUDA, int8_t(process_gpu(env, int(gpus))));
 }
 
+// vidit health: the pre-flight checks (diagnose/health.h) over every rank of the launch; rank 0
+// prints the table and adds the unhealthy hosts to the exclude list. Exit 3 when there are some.
+int cmd_health(const CommonOpts& o, std::string exclude_file) {
+  Config cfg = load_config(o.config, o.sets);
+  const LaunchEnv env = detect_launch_env();
+  const at::Device device = train_device(cfg, env);
+  if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
+  std::shared_ptr<Comm> world = make_world_comm(env, device.type());
+  const std::vector<std::string> hosts = gather_hosts(*world);
+  HealthOptions h;
+  h.device = device;
+  h.threshold = cfg.train.straggler_threshold;
+  h.out_dir = cfg.train.out_dir;
+  h.min_free_gb = 1.1 * 4 * 4 * double(model_info(cfg).params) / 1e9;  // a checkpoint: weights, EMA, AdamW
+  if (device.is_cuda()) h.expected_tflops = peak_tflops(cuda_device_name(device.index()), Precision::bf16);
+  h.slow_s = FaultInjector(cfg.faults, world->rank()).slowdown_s();
+  const HealthReport r = run_health(*world, hosts, h);
+  if (world->rank() == 0) {
+    std::printf("vidit health: %d rank(s) on %zu host(s), %s\n%s", world->size(),
+                std::set<std::string>(hosts.begin(), hosts.end()).size(), device.str().c_str(), r.table.c_str());
+    if (exclude_file.empty()) exclude_file = cfg.train.out_dir + "/exclude_hosts.txt";
+    if (r.bad_hosts.empty()) {
+      std::printf("every host is healthy\n");
+    } else {
+      const auto all = add_to_exclude_list(exclude_file, r.bad_hosts);
+      std::string names;
+      for (const auto& x : r.bad_hosts) names += (names.empty() ? "" : ",") + x;
+      std::printf("unhealthy: %s; %zu host(s) now in %s (srun / sbatch --exclude=$(paste -sd, %s))\n", names.c_str(),
+                  all.size(), exclude_file.c_str(), exclude_file.c_str());
+    }
+  }
+  world->barrier();
+  return r.bad_hosts.empty() ? 0 : 3;
+}
+
 // --fresh: what an earlier run left in out_dir (checkpoints, metrics) is moved, not deleted, to
 // <out_dir>/previous-<UTC time>/.
 void set_aside_previous_run(const std::string& out_dir) {
@@ -90,7 +130,7 @@ void set_aside_previous_run(const std::string& out_dir) {
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "previous-%Y%m%d-%H%M%S", std::gmtime(&now));
   const fs::path aside = fs::path(out_dir) / stamp;
-  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl"}) {
+  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "forensics"}) {
     if (!fs::exists(fs::path(out_dir) / name)) continue;
     fs::create_directories(aside);
     fs::rename(fs::path(out_dir) / name, aside / name);
@@ -366,6 +406,15 @@ int main(int argc, char** argv) {
   auto* compare_ckpt = ckpt->add_subcommand("compare", "exit 0 when two checkpoints hold bitwise the same state");
   compare_ckpt->add_option("a", ckpt_a, "checkpoint directory")->required();
   compare_ckpt->add_option("b", ckpt_b, "checkpoint directory")->required();
+  std::string exclude_file;
+  auto* health = app.add_subcommand("health", "pre-flight checks of every rank and host of the launch (matmul, memory, "
+                                              "all-reduce, out_dir); unhealthy hosts go to an exclude list");
+  health->add_option("--exclude-file", exclude_file, "the exclude list (default <train.out_dir>/exclude_hosts.txt)");
+  add_common(health, o);
+  std::string doctor_dir;
+  auto* doctor = app.add_subcommand("doctor", "what happened in a run: restarts, skipped steps, spikes, stragglers, "
+                                              "corruption, and the hosts worth a look");
+  doctor->add_option("run_dir", doctor_dir, "the run's train.out_dir")->required();
   auto* demo = app.add_subcommand("demo", "the embedded end-to-end demo: make videos, train, sample, check");
   add_common(demo, o);
   demo->add_flag("--resume", resume, "continue from the latest checkpoint in train.out_dir");
@@ -379,6 +428,8 @@ int main(int argc, char** argv) {
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
     if (demo->parsed()) return cmd_demo(o, resume);
     if (verify_ckpt->parsed()) return cmd_verify(ckpt_a);
+    if (health->parsed()) return cmd_health(o, exclude_file);
+    if (doctor->parsed()) return std::printf("%s", doctor_report(doctor_dir).c_str()) < 0;
     if (compare_ckpt->parsed()) return cmd_compare(ckpt_a, ckpt_b);
     if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);
   } catch (const ReplicasDiverged& e) {

@@ -180,6 +180,10 @@ using NumList = std::vector<double>;
   KEY(int64_t, straggler_patience, 3, positive, "logged steps in a row below the threshold before it is reported") \
   KEY(double, stall_timeout_s, 1800.0, non_negative,                                                   \
       "a rank that makes no progress (no step, no load) for this long ends itself (exit 86); 0: off")   \
+  KEY(double, stall_steps, 20.0, non_negative,                                                         \
+      "in training, a rank with no progress for this many median step times ends itself sooner, naming the " \
+      "ranks that did not arrive (at least train.stall_min_s; 0: only train.stall_timeout_s)")            \
+  KEY(double, stall_min_s, 120.0, non_negative, "the shortest limit train.stall_steps may give")        \
   KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \
   KEY(int64_t, keep_every, 0, non_negative, "also keep every checkpoint whose step is a multiple of this; 0: none") \
   KEY(int64_t, threads, 0, non_negative, "intra-op threads; 0 = all cores")                            \

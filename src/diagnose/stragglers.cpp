@@ -24,7 +24,7 @@ std::vector<StragglerChange> StragglerDetector::observe(const std::vector<double
     s.rank = int(r), s.busy_s = busy_s[r];
     s.relative = std::min(1.0, median_ / b);
     s.individual = std::min(1.0, best_[r] / b);
-    below_[r] = s.relative < threshold_ ? below_[r] + 1 : 0;
+    below_[r] = s.relative < threshold_ && busy_s[r] - median_ >= min_excess_s_ ? below_[r] + 1 : 0;
     const bool now = below_[r] >= patience_ || (straggling_[r] && below_[r] > 0);
     if (now != straggling_[r]) changes.push_back({int(r), now, s, median_, below_[r]});
     straggling_[r] = now;

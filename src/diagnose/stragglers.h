@@ -35,7 +35,10 @@ struct StragglerChange {
 
 class StragglerDetector {
  public:
-  StragglerDetector(double threshold = 0.7, int64_t patience = 3) : threshold_(threshold), patience_(patience) {}
+  // `min_excess_s`: a rank is below the threshold only if it is also this much slower than the
+  // median, so that the jitter of very short steps (a shared machine, tiny tests) is no straggler.
+  StragglerDetector(double threshold = 0.7, int64_t patience = 3, double min_excess_s = 0.05)
+      : threshold_(threshold), patience_(patience), min_excess_s_(min_excess_s) {}
   // One logged step's busy time per rank; returns the ranks whose state changed.
   std::vector<StragglerChange> observe(const std::vector<double>& busy_s);
   // The scores of the last observe(), by rank.
@@ -46,6 +49,7 @@ class StragglerDetector {
  private:
   double threshold_;
   int64_t patience_;
+  double min_excess_s_;
   std::vector<RankScore> scores_;
   std::vector<double> best_;
   std::vector<int64_t> below_;

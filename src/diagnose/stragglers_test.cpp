@@ -39,6 +39,9 @@ TEST(StragglerDetector, NamesARankThatStaysSlowAndItsRecovery) {
   // A rank only a little slower, or slow once, is not one.
   StragglerDetector e(0.7, 3);
   for (int i = 0; i < 10; ++i) EXPECT_TRUE(e.observe({1, 1.3, i == 4 ? 5.0 : 1.0}).empty());
+  // Nor the jitter of 10 ms steps: 3x as long, but only 20 ms more.
+  StragglerDetector f(0.7, 3);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(f.observe({0.01, 0.03}).empty());
 }
 
 TEST(Stragglers, SlowRankIsNamedWithItsHost) {

@@ -46,6 +46,8 @@ class Mesh {
   const std::shared_ptr<Comm>& world() const { return world_; }
   // Time blocked in collectives on this member, over every group, since construction.
   CommTimes comm_times() const { return timed_->times(); }
+  // Collectives entered by this member so far (any thread may ask).
+  int64_t collectives_issued() const { return timed_->issued(); }
 
  private:
   std::shared_ptr<Comm> world_;

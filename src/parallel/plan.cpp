@@ -87,6 +87,12 @@ StepPlan plan_step(const Config& cfg) {
     add("all_reduce", "data-parallel gradients", all_reduce(dp * sp, 4 * P));
   }
   add("all_reduce", "bookkeeping", all_reduce(dp, 32));
+  // Spike detection (diagnose/spike_detector.h): each dp rank's sample count, then every
+  // sample's loss, sigma and rank, gathered (the samples' ids only on a flagged step).
+  if (cfg.train.spike_action != SpikeAction::off) {
+    add("all_reduce", "bookkeeping", all_reduce(dp, 8));
+    add("all_gather", "bookkeeping", spread(dp, dp * A * b * 3 * 8));
+  }
   add("all_reduce", "bookkeeping", all_reduce(T, 8));
 
   // Heads and MLP units split over tensor: per block and micro-batch, forward sums the partial

@@ -23,6 +23,7 @@ class TimedWork : public Work {
   void wait() override {
     if (done_) return;
     const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
     inner_->wait();
     const double t1 = trace::now_us();
     done_ = true;
@@ -78,34 +79,42 @@ WorkPtr TimedComm::timed(const char* op, double bytes, WorkPtr work, double issu
 
 WorkPtr TimedComm::all_reduce(at::Tensor& t, ReduceOp op) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("all_reduce", double(t.nbytes()), inner_->all_reduce(t, op), t0);
 }
 WorkPtr TimedComm::all_gather(const at::Tensor& in, at::Tensor& out) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("all_gather", double(out.nbytes()), inner_->all_gather(in, out), t0);
 }
 WorkPtr TimedComm::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("reduce_scatter", double(in.nbytes()), inner_->reduce_scatter(in, out, op), t0);
 }
 WorkPtr TimedComm::all_to_all(const at::Tensor& in, at::Tensor& out) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("all_to_all", double(in.nbytes()), inner_->all_to_all(in, out), t0);
 }
 WorkPtr TimedComm::broadcast(at::Tensor& t, int root) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("broadcast", double(t.nbytes()), inner_->broadcast(t, root), t0);
 }
 WorkPtr TimedComm::send(const at::Tensor& t, int dst, int tag) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("send", double(t.nbytes()), inner_->send(t, dst, tag), t0);
 }
 WorkPtr TimedComm::recv(at::Tensor& t, int src, int tag) {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   return timed("recv", double(t.nbytes()), inner_->recv(t, src, tag), t0);
 }
 void TimedComm::barrier() {
   const double t0 = trace::now_us();
+  shared_->issued.fetch_add(1, std::memory_order_relaxed);
   inner_->barrier();
   const double t1 = trace::now_us();
   std::lock_guard<std::mutex> lock(shared_->mu);

@@ -11,6 +11,7 @@
 // On CPU engines wait() blocks the thread until the data has arrived. On NCCL it only orders the
 // current CUDA stream after the collective, so the figure there is host-side time, not GPU time.
 #pragma once
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,9 +49,15 @@ class TimedComm : public ForwardingComm {
   void barrier() override;
   std::shared_ptr<Comm> split(int color, int key) override;
 
+  // Collectives (and point-to-point calls) entered on this rank, over every group: safe to read
+  // from any thread. Every rank of an SPMD job enters the same sequence, so the rank with the
+  // lowest count when a job hangs is the one the others wait for (resilience/watchdog.h).
+  int64_t issued() const { return shared_->issued.load(std::memory_order_relaxed); }
+
   struct Shared {
     std::mutex mu;
     CommTimes times;
+    std::atomic<int64_t> issued{0};
   };
 
  private:

@@ -53,6 +53,8 @@ class FaultInjector {
   bool poison_loss(int64_t step);
   // In step `step`: true when this rank's first sample is to be poisoned (its latents x 1000).
   bool poison_sample(int64_t step);
+  // slow on this rank: the seconds it adds (vidit health adds them to its timed matmul); else 0.
+  double slowdown_s() const { return on_ && cfg_.kind == FaultKind::slow && rank_ == int(cfg_.rank) ? cfg_.seconds : 0; }
   // In step `step` and every later one, during the forward pass: a slow device's compute.
   void slow_compute(int64_t step);
   // The storage the save of `step` writes through: `base`, or a failing wrapper over it.

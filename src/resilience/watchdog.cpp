@@ -4,8 +4,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 namespace vidit {
 
@@ -16,7 +23,8 @@ int64_t now_ns() {
 }
 }  // namespace
 
-Watchdog::Watchdog(double timeout_s, int rank) : timeout_s_(timeout_s), rank_(rank), last_ns_(now_ns()) {
+Watchdog::Watchdog(double timeout_s, int rank, double stall_steps, double min_s)
+    : timeout_s_(timeout_s), stall_steps_(stall_steps), min_s_(min_s), rank_(rank), last_ns_(now_ns()) {
   if (timeout_s_ > 0) thread_ = std::thread([this] { watch(); });
 }
 
@@ -29,24 +37,107 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Watchdog::beat(const char* phase, int64_t step) {
+void Watchdog::beat(const char* phase, int64_t step, bool adaptive) {
   phase_.store(phase);
+  adaptive_.store(adaptive);
   if (step >= 0) step_.store(step);
   last_ns_.store(now_ns());
+}
+
+void Watchdog::report_to(const std::string& dir, int world, std::function<int64_t()> issued,
+                         std::function<void(const std::string&)> on_stall) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::filesystem::create_directories(dir);
+  dir_ = dir, world_ = world, issued_ = std::move(issued), on_stall_ = std::move(on_stall);
+}
+
+double Watchdog::limit_s() const {
+  const double step = step_s_.load();
+  if (stall_steps_ <= 0 || step <= 0 || !adaptive_.load()) return timeout_s_;
+  return std::min(timeout_s_, std::max(min_s_, stall_steps_ * step));
+}
+
+namespace {
+std::string heartbeat_path(const std::string& dir, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.json", rank);
+  return dir + "/" + name;
+}
+}  // namespace
+
+void Watchdog::write_heartbeat() {  // with mu_ held
+  if (dir_.empty()) return;
+  const nlohmann::json j = {{"rank", rank_},
+                            {"host", host_name()},
+                            {"pid", int(::getpid())},
+                            {"phase", phase_.load()},
+                            {"step", step_.load()},
+                            {"collectives", issued_ ? issued_() : -1},
+                            {"idle_s", double(now_ns() - last_ns_.load()) / 1e9},
+                            {"time", long(std::time(nullptr))}};
+  const std::string path = heartbeat_path(dir_, rank_), tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out) return;  // a full disk must not end the run from here
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+}
+
+std::string Watchdog::who_did_not_arrive() const {  // with mu_ held
+  if (dir_.empty()) return "";
+  std::vector<nlohmann::json> beats;
+  int64_t most = -1;
+  std::ostringstream missing;
+  for (int r = 0; r < world_; ++r) {
+    std::ifstream in(heartbeat_path(dir_, r));
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object()) {
+      missing << (missing.tellp() > 0 ? ", " : "") << r;
+      continue;
+    }
+    most = std::max<int64_t>(most, j.value("collectives", int64_t(-1)));
+    beats.push_back(std::move(j));
+  }
+  std::ostringstream out;
+  int behind = 0;
+  for (const auto& j : beats) {
+    if (j.value("collectives", int64_t(-1)) >= most) continue;
+    out << (behind++ ? "; " : "") << "rank " << j.value("rank", -1) << " (" << j.value("host", "") << ", pid "
+        << j.value("pid", 0) << ") entered " << j.value("collectives", int64_t(0)) << " collectives against " << most
+        << ", last while " << j.value("phase", "") << " after step " << j.value("step", int64_t(0)) << ", idle "
+        << int64_t(j.value("idle_s", 0.0)) << " s at its last heartbeat " << std::max<long>(0, long(std::time(nullptr)) - j.value("time", 0L))
+        << " s ago";
+  }
+  std::string report;
+  if (behind > 0) report = "ranks that did not arrive: " + out.str();
+  else if (!beats.empty()) report = "every rank that reports entered the same " + std::to_string(most) +
+                                    " collectives: they wait on each other, or on the network or file system";
+  if (missing.tellp() > 0) report += (report.empty() ? "" : "; ") + std::string("no heartbeat from rank(s) ") + missing.str();
+  return report;
 }
 
 void Watchdog::watch() {
   const auto period = std::chrono::duration<double>(std::min(1.0, timeout_s_ / 4));
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, period, [this] { return done_; })) {
-    const double idle = double(now_ns() - last_ns_.load()) / 1e9;
-    if (idle < timeout_s_) continue;
+    write_heartbeat();
+    const double idle = double(now_ns() - last_ns_.load()) / 1e9, limit = limit_s();
+    if (idle < limit) continue;
+    // The others' heartbeats are at most a second old: wait for one more round of them.
+    cv_.wait_for(lock, std::chrono::milliseconds(1500), [this] { return done_; });
+    if (done_) return;
+    const std::string others = who_did_not_arrive();
     std::fprintf(stderr,
-                 "watchdog: rank %d on %s (pid %d) made no progress for %.0f s while %s (after step %lld); "
-                 "ending this process (exit %d) so that the launcher ends the job and a restart resumes from the "
-                 "last checkpoint. Raise train.stall_timeout_s if steps or saves really take this long\n",
-                 rank_, host_name().c_str(), int(::getpid()), idle, phase_.load(), (long long)step_.load(), kStallStatus);
+                 "watchdog: rank %d on %s (pid %d) made no progress for %.0f s (limit %.0f s) while %s (after step "
+                 "%lld)%s%s; ending this process (exit %d) so that the launcher ends the job and a restart resumes "
+                 "from the last checkpoint. Raise train.stall_timeout_s / train.stall_steps if steps or saves really "
+                 "take this long\n",
+                 rank_, host_name().c_str(), int(::getpid()), idle, limit, phase_.load(), (long long)step_.load(),
+                 others.empty() ? "" : "; ", others.c_str(), kStallStatus);
     std::fflush(nullptr);
+    if (on_stall_) on_stall_(others);
     std::_Exit(kStallStatus);
   }
 }

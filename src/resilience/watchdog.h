@@ -7,7 +7,20 @@
 // restart resumes from the last checkpoint. Ranks that wait on the hung one stop beating too and
 // end themselves the same way, so the job ends within about `timeout_s` even without a
 // launcher that notices.
+//
+// Hangs are found sooner than `timeout_s` once steps have a known length: in the training phases
+// (not while loading, saving or evaluating) the limit is `stall_steps` x the median step time
+// (expect_step_s), but at least `min_s`; so a job whose steps take 2 s ends a hang in minutes,
+// well before a collective timeout. And each rank's watchdog writes a heartbeat file every
+// second (report_to: <dir>/rank_NNNNN.json with its host, pid, phase, step and the number of
+// collectives it has entered, from the watchdog's own thread, so a rank whose main thread is
+// stuck still reports). When a watchdog fires it reads every rank's heartbeat and names the
+// ranks that did not arrive: those that entered fewer collectives than the others (every rank
+// of the job enters the same sequence), with their host, pid, phase and step, or says that all
+// entered the same number (they wait on each other, or on the network or file system).
 #pragma once
+#include <functional>
+#include <string>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,18 +35,35 @@ inline constexpr int kStallStatus = 86;
 
 class Watchdog {
  public:
-  // timeout_s <= 0: off (no thread).
-  Watchdog(double timeout_s, int rank);
+  // timeout_s <= 0: off (no thread). stall_steps <= 0: no step-based limit.
+  Watchdog(double timeout_s, int rank, double stall_steps = 0, double min_s = 60);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   // Progress. `phase` (a string literal) is named if the next beat does not come.
-  void beat(const char* phase, int64_t step = -1);
+  // `adaptive`: the step-based limit applies to this phase (not to loading, saving, evaluating).
+  void beat(const char* phase, int64_t step = -1, bool adaptive = true);
+  // The median step time so far (0: not known yet; the step-based limit waits for it).
+  void expect_step_s(double s) { step_s_.store(s); }
+  // Heartbeats of `world` ranks in `dir`; `issued`: collectives this rank entered (any thread);
+  // `on_stall`: told the report before the process ends (rank 0 records it in events.jsonl).
+  void report_to(const std::string& dir, int world, std::function<int64_t()> issued,
+                 std::function<void(const std::string&)> on_stall = {});
+  // The limit in force now, in seconds.
+  double limit_s() const;
 
  private:
   void watch();
-  const double timeout_s_;
+  void write_heartbeat();
+  std::string who_did_not_arrive() const;
+  const double timeout_s_, stall_steps_, min_s_;
   const int rank_;
+  std::atomic<double> step_s_{0};
+  std::atomic<bool> adaptive_{false};
+  std::string dir_;
+  int world_ = 0;
+  std::function<int64_t()> issued_;
+  std::function<void(const std::string&)> on_stall_;
   std::atomic<int64_t> last_ns_;
   std::atomic<const char*> phase_{"starting"};
   std::atomic<int64_t> step_{0};

@@ -65,7 +65,7 @@ StepResult Trainer::step() {
       tokens += B * (x0.size(2) / cfg_.model.patch[0]) * (x0.size(3) / cfg_.model.patch[1]) *
                 (x0.size(4) / cfg_.model.patch[2]);
       flops += double(B) * sample_flops(x0);
-      last_batch_ = {x0, at::Tensor(), text};  // the stand-in of a later idle step
+      last_batch_ = {x0, at::Tensor(), text, 0, 0, {}};  // the stand-in of a later idle step
     } else {
       // A rank without samples while others have some computes a stand-in with weight 0, so
       // its collectives match theirs. (Its draws above were of the global batch, or of none.)

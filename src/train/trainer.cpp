@@ -57,7 +57,8 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       gen_(at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg, *data_, *mesh_))),
       info_(model_info(cfg)),
       faults_(cfg.faults, mesh_->rank()),
-      watchdog_(std::make_unique<Watchdog>(cfg.train.stall_timeout_s, mesh_->rank())),
+      watchdog_(std::make_unique<Watchdog>(cfg.train.stall_timeout_s, mesh_->rank(), cfg.train.stall_steps,
+                                           cfg.train.stall_min_s)),
       last_save_time_(std::chrono::steady_clock::now()),
       stragglers_(cfg.train.straggler_threshold, cfg.train.straggler_patience),
       spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
@@ -106,7 +107,7 @@ void Trainer::start_save() {
   // that disagree are never saved.
   finish_save();
   check_replicas_or_stop();
-  watchdog_->beat("saving a checkpoint", step_);
+  watchdog_->beat("saving a checkpoint", step_, /*adaptive=*/false);
   SaveJob job;
   job.out_dir = tc.out_dir;
   CheckpointState& s = job.state;
@@ -232,7 +233,7 @@ void Trainer::load(const std::string& dir) {
   CheckpointReader ckpt(dir);
   const CheckpointState& meta = ckpt.meta();
   auto mine = [&](const char* what, const std::string& key) {
-    watchdog_->beat("loading a checkpoint");
+    watchdog_->beat("loading a checkpoint", -1, /*adaptive=*/false);
     return pm_->local(key, ckpt.whole(what, key));
   };
   // Every parameter, by name and whole shape, before anything is read.
@@ -432,6 +433,15 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console, step_);
   }
   std::vector<double> losses;
+  // Heartbeats for the watchdog's report of a hang: which ranks did not arrive.
+  {
+    std::shared_ptr<const Mesh> mesh = mesh_;
+    std::function<void(const std::string&)> on_stall;
+    if (is_lead()) on_stall = [this](const std::string& report) { events().write("hang", step_, {{"report", report}}); };
+    watchdog_->report_to(cfg_.train.out_dir + "/heartbeats", mesh_->size(), [mesh] { return mesh->collectives_issued(); },
+                         std::move(on_stall));
+  }
+  std::vector<double> step_times;
   // The trace skips the run's first step (allocations, first gathers) and records the next ones.
   const int64_t trace_from = step_ + 1, trace_to = trace_from + cfg_.train.trace_steps;
   auto finish_trace = [&] {
@@ -470,7 +480,19 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (logger) logger->log(m);
     }
     if (step_ == trace_to) finish_trace();
-    if (after_step) after_step(r);
+    // The watchdog's step-based limit follows the median step (the run's first step, with its
+    // allocations, left out).
+    if (r.step > trace_from) {
+      step_times.push_back(r.seconds);
+      std::vector<double> recent(step_times.end() - std::min<ptrdiff_t>(ptrdiff_t(step_times.size()), 50), step_times.end());
+      std::nth_element(recent.begin(), recent.begin() + ptrdiff_t(recent.size() / 2), recent.end());
+      watchdog_->expect_step_s(recent[recent.size() / 2]);
+    }
+    if (after_step) {
+      watchdog_->beat("evaluating", step_, /*adaptive=*/false);
+      after_step(r);
+      watchdog_->beat("training", step_);
+    }
     if (faults_.process_fault_after(r.step) && writer_.in_flight()) finish_save();  // the same on all ranks
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
     if (cfg_.train.replica_check_every > 0 && r.step % cfg_.train.replica_check_every == 0) check_replicas_or_stop();

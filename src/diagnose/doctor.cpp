@@ -1,0 +1,124 @@
+#include "diagnose/doctor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "diagnose/events.h"
+#include "diagnose/forensics.h"
+
+namespace vidit {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+}  // namespace
+
+std::string doctor_report(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  const auto events = read_events(run_dir);
+  const auto metrics = read_jsonl(dir / "metrics.jsonl");
+  const auto saves = read_jsonl(dir / "saves.jsonl");
+  VIDIT_CHECK(!events.empty() || !metrics.empty(), "'", run_dir,
+              "' holds no events.jsonl or metrics.jsonl: give the train.out_dir of a run");
+  std::ostringstream out;
+  out << "run " << run_dir << "\n";
+  // Attempts: every start and resume, where it ran, and how each attempt ended.
+  std::map<std::string, std::map<std::string, int>> suspects;  // host -> what -> times
+  int attempts = 0;
+  for (const auto& e : events) {
+    const std::string kind = e.at("event");
+    const int64_t step = e.value("step", int64_t(0));
+    if (kind == "started" || kind == "resumed") {
+      ++attempts;
+      out << "  " << e.value("time", "") << "  " << (kind == "started" ? "started at step 0" : "resumed at step " + std::to_string(step))
+          << " (attempt " << e.value("attempt", 0) << ", " << e.value("world", 1) << " ranks on "
+          << e.value("hosts", nlohmann::json::array()).size() << " host(s), " << e.value("launcher", "") << ")\n";
+    } else if (kind == "stopped") {
+      out << "  " << e.value("time", "") << "  stopped by signal " << e.value("signal", 0) << " after step " << step
+          << " (saved; exit 75)\n";
+    } else if (kind == "finished") {
+      out << "  " << e.value("time", "") << "  finished at step " << step << ", final loss "
+          << fmt("%.6g", e.value("final_loss", 0.0)) << "\n";
+    } else if (kind == "skipped_update") {
+      out << "  step " << step << ": update skipped (" << e.value("why", "") << ", " << e.value("in_a_row", 0)
+          << " in a row)\n";
+    } else if (kind == "spike") {
+      out << "  step " << step << ": spike in the " << e.value("why", "") << " (loss z " << fmt("%.1f", e.value("loss_z", 0.0))
+          << ", gradient z " << fmt("%.1f", e.value("grad_z", 0.0)) << "); blamed: "
+          << describe_blamed(nlohmann::json{{"blamed", e.value("blamed", nlohmann::json::array())}}) << "; "
+          << e.value("forensics", "") << "\n";
+    } else if (kind == "replicas_diverged") {
+      out << "  step " << step << ": replicas' weights disagree (silent data corruption); suspect rank(s)";
+      for (const auto& g : e.value("groups", nlohmann::json::array()))
+        for (const auto& r : g.at("ranks"))
+          for (const auto& s : g.at("suspects"))
+            if (s == r.at("rank")) {
+              out << " " << r.at("rank").get<int>() << " (" << r.value("host", "") << ")";
+              ++suspects[r.value("host", "")]["silent data corruption"];
+            }
+      out << "\n";
+    } else if (kind == "straggler") {
+      out << "  step " << step << ": straggler rank " << e.value("rank", -1) << " (" << e.value("host", "")
+          << "), score " << fmt("%.2f", e.value("score", 0.0)) << " (" << fmt("%.3f", e.value("busy_s", 0.0))
+          << " s against a median of " << fmt("%.3f", e.value("median_busy_s", 0.0)) << " s)\n";
+      ++suspects[e.value("host", "")]["straggler"];
+    } else if (kind == "straggler_recovered") {
+      out << "  step " << step << ": rank " << e.value("rank", -1) << " (" << e.value("host", "") << ") back to speed\n";
+    } else if (kind == "save_failed") {
+      out << "  step " << step << ": checkpoint not saved, rank " << e.value("rank", -1) << " (" << e.value("host", "")
+          << "): " << e.value("error", "") << "\n";
+      ++suspects[e.value("host", "")]["failed save"];
+    }
+  }
+  if (attempts > 1) out << "attempts: " << attempts << " (" << attempts - 1 << " restart(s))\n";
+  if (!metrics.empty()) {
+    const auto& last = metrics.back();
+    std::vector<double> secs;
+    for (const auto& m : metrics) secs.push_back(m.value("step_time_s", 0.0));
+    std::sort(secs.begin(), secs.end());
+    out << "steps: " << last.value("step", int64_t(0)) << " logged; last loss " << fmt("%.6g", last.value("loss", 0.0))
+        << "; median step " << fmt("%.3f", secs[secs.size() / 2]) << " s\n";
+  }
+  if (!saves.empty()) {
+    double pause = 0, write = 0;
+    for (const auto& s : saves) pause = std::max(pause, s.value("blocked_s", 0.0)), write = std::max(write, s.value("write_s", 0.0));
+    out << "saves: " << saves.size() << " committed, newest step " << saves.back().value("step", int64_t(0))
+        << "; longest training pause " << fmt("%.3f", pause) << " s, longest write " << fmt("%.2f", write) << " s\n";
+  }
+  if (suspects.empty()) {
+    out << "hosts: none stands out\n";
+  } else {
+    out << "hosts worth a look (vidit health; srun --exclude):\n";
+    for (const auto& [host, what] : suspects) {
+      out << "  " << host << ":";
+      for (const auto& [w, n] : what) out << " " << w << " x" << n;
+      out << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace vidit

@@ -1,0 +1,219 @@
+#include "diagnose/health.h"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+
+namespace vidit {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void sync(const at::Device& d) {
+  if (d.is_cuda()) at::zeros({1}, at::TensorOptions().device(d)).cpu();  // waits for the stream
+}
+
+// The median (of two middle values, their mean: with two ranks each is judged against both).
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The best of three windows of `f` (each returns a rate): a device that is really slow is slow
+// in every window; a moment of contention on a shared machine is not held against it.
+template <class F>
+double best_of_three(F&& f) {
+  double best = 0;
+  for (int i = 0; i < 3; ++i) best = std::max(best, f());
+  return best;
+}
+
+// GFLOP/s of square matmuls for about 0.15 s (bf16 on a GPU, fp32 on the CPU).
+double matmul_gflops(const HealthOptions& o) {
+  const bool gpu = o.device.is_cuda();
+  const int64_t n = gpu ? 8192 : 384;
+  const auto opts = at::TensorOptions().device(o.device).dtype(gpu ? at::kBFloat16 : at::kFloat);
+  at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts), c = at::matmul(a, b);
+  sync(o.device);
+  return best_of_three([&] {
+    int64_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (o.slow_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o.slow_s));
+    while (seconds_since(t0) < 0.15 || iters < 2) {
+      at::matmul_out(c, a, b);
+      ++iters;
+      if (gpu && iters % 8 == 0) sync(o.device);
+    }
+    sync(o.device);
+    return 2.0 * double(n) * double(n) * double(n) * double(iters) / seconds_since(t0) / 1e9;
+  });
+}
+
+// GB/s of copies of a 64 MiB (CPU) / 1 GiB (GPU) buffer (read + write).
+double memory_gbs(const HealthOptions& o) {
+  const int64_t bytes = o.device.is_cuda() ? (int64_t(1) << 30) : (int64_t(64) << 20);
+  const auto opts = at::TensorOptions().device(o.device).dtype(at::kFloat);
+  at::Tensor a = at::ones({bytes / 4}, opts), b = at::empty_like(a);
+  b.copy_(a);
+  sync(o.device);
+  return best_of_three([&] {
+    int64_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (seconds_since(t0) < 0.1 || iters < 2) {
+      b.copy_(a);
+      ++iters;
+    }
+    sync(o.device);
+    return 2.0 * double(bytes) * double(iters) / seconds_since(t0) / 1e9;
+  });
+}
+
+// Bus bandwidth (GB/s) of an 8 MiB fp32 all-reduce over `comm` (0 for one member).
+double allreduce_gbs(Comm& comm, const at::Device& d) {
+  if (comm.size() < 2) return 0;
+  const int64_t bytes = int64_t(8) << 20;
+  at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(d).dtype(at::kFloat));
+  comm.all_reduce(t, ReduceOp::Sum)->wait();
+  comm.barrier();
+  const int iters = 5;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) comm.all_reduce(t, ReduceOp::Sum)->wait();
+  sync(d);
+  const double s = seconds_since(t0) / iters, n = double(comm.size());
+  return 2 * (n - 1) / n * double(bytes) / s / 1e9;
+}
+
+// MB/s of writing 64 MiB to `dir` with fsync, and its free GB.
+std::pair<double, double> out_dir_speed(const std::string& dir, const std::string& host) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/.health-" + host + "-" + std::to_string(::getpid());
+  std::vector<char> chunk(size_t(8) << 20, 'v');
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  VIDIT_CHECK(fd >= 0, "vidit health: cannot write to out_dir '", dir, "' on ", host, "; check it exists and is writable");
+  bool ok = true;
+  for (int i = 0; i < 8 && ok; ++i) ok = ::write(fd, chunk.data(), chunk.size()) == ssize_t(chunk.size());
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  const double mbs = ok ? 64.0 * 1.048576 / seconds_since(t0) : 0;
+  std::filesystem::remove(path);
+  struct statvfs st {};
+  const double free_gb = ::statvfs(dir.c_str(), &st) == 0 ? double(st.f_bavail) * double(st.f_frsize) / 1e9 : 0;
+  return {mbs, free_gb};
+}
+
+}  // namespace
+
+HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, const HealthOptions& o) {
+  HealthReport rep;
+  const int n = world.size(), me = world.rank();
+  // Hosts in order of their first rank; each host's lowest rank speaks for its disk.
+  std::vector<std::string> host_order;
+  for (const auto& h : hosts)
+    if (std::find(host_order.begin(), host_order.end(), h) == host_order.end()) host_order.push_back(h);
+  const int host_index = int(std::find(host_order.begin(), host_order.end(), hosts[size_t(me)]) - host_order.begin());
+  const bool host_lead = std::find(hosts.begin(), hosts.end(), hosts[size_t(me)]) - hosts.begin() == me;
+
+  // The device checks, one rank at a time per host would be fairer to shared CPUs; all at once
+  // is what training does, so that is what is measured.
+  world.barrier();
+  const double gflops = matmul_gflops(o);
+  world.barrier();
+  const double gbs = memory_gbs(o);
+  std::shared_ptr<Comm> node = world.split(host_index, me);
+  const double node_gbs = allreduce_gbs(*node, o.device);
+  rep.world_allreduce_gbs = allreduce_gbs(world, o.device);
+  double write_mbs = -1, free_gb = -1;
+  if (host_lead && !o.out_dir.empty()) std::tie(write_mbs, free_gb) = out_dir_speed(o.out_dir, hosts[size_t(me)]);
+
+  at::Tensor mine = at::tensor({gflops, gbs, node_gbs, write_mbs, free_gb}, at::kDouble);
+  at::Tensor all = at::empty({n * 5}, at::kDouble);
+  world.all_gather(mine, all)->wait();
+  const double* a = all.data_ptr<double>();
+  std::vector<double> mm, mem;
+  for (int r = 0; r < n; ++r) mm.push_back(a[5 * r]), mem.push_back(a[5 * r + 1]);
+  const double mm_med = median(mm), mem_med = median(mem);
+  std::set<std::string> bad;
+  for (int r = 0; r < n; ++r) {
+    RankHealth h;
+    h.rank = r, h.host = hosts[size_t(r)];
+    h.matmul_gflops = a[5 * r], h.memory_gbs = a[5 * r + 1];
+    h.matmul_score = mm_med > 0 ? h.matmul_gflops / mm_med : 1;
+    h.memory_score = mem_med > 0 ? h.memory_gbs / mem_med : 1;
+    std::vector<std::string> why;
+    if (h.matmul_score < o.threshold) why.push_back("matmul " + std::to_string(int(100 * h.matmul_score)) + "% of the median");
+    if (h.memory_score < o.threshold) why.push_back("memory " + std::to_string(int(100 * h.memory_score)) + "% of the median");
+    if (o.expected_tflops > 0 && h.matmul_gflops < 0.4 * o.expected_tflops * 1e3)
+      why.push_back("matmul below 0.4 x the device's peak");
+    if (a[5 * r + 3] >= 0) {
+      rep.host_write_mbs.push_back({h.host, a[5 * r + 3]});
+      rep.host_free_gb.push_back({h.host, a[5 * r + 4]});
+      if (a[5 * r + 3] == 0) why.push_back("out_dir write failed");
+      if (a[5 * r + 4] < o.min_free_gb) why.push_back("out_dir has " + std::to_string(int(a[5 * r + 4])) + " GB free");
+    }
+    if (a[5 * r + 2] > 0 && (rep.host_allreduce_gbs.empty() || rep.host_allreduce_gbs.back().first != h.host))
+      rep.host_allreduce_gbs.push_back({h.host, a[5 * r + 2]});
+    for (size_t i = 0; i < why.size(); ++i) h.why += (i ? ", " : "") + why[i];
+    h.ok = why.empty();
+    if (!h.ok) bad.insert(h.host);
+    rep.ranks.push_back(h);
+  }
+  rep.bad_hosts.assign(bad.begin(), bad.end());
+
+  std::ostringstream t;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-5s %-20s %16s %7s %12s %7s  %s\n", "rank", "host",
+                o.device.is_cuda() ? "matmul TFLOP/s" : "matmul GFLOP/s", "score", "memory GB/s", "score", "verdict");
+  t << line;
+  for (const RankHealth& h : rep.ranks) {
+    std::snprintf(line, sizeof line, "%-5d %-20s %16.1f %7.2f %12.1f %7.2f  %s\n", h.rank, h.host.c_str(),
+                  o.device.is_cuda() ? h.matmul_gflops / 1e3 : h.matmul_gflops, h.matmul_score, h.memory_gbs,
+                  h.memory_score, h.ok ? "ok" : ("UNHEALTHY: " + h.why).c_str());
+    t << line;
+  }
+  for (const auto& [host, g] : rep.host_allreduce_gbs) t << "all-reduce inside " << host << ": " << g << " GB/s (bus)\n";
+  if (n > 1) t << "all-reduce over all " << n << " ranks: " << rep.world_allreduce_gbs << " GB/s (bus)\n";
+  for (size_t i = 0; i < rep.host_write_mbs.size(); ++i)
+    t << "out_dir from " << rep.host_write_mbs[i].first << ": " << int(rep.host_write_mbs[i].second) << " MB/s with fsync, "
+      << int(rep.host_free_gb[i].second) << " GB free\n";
+  rep.table = t.str();
+  return rep;
+}
+
+std::vector<std::string> add_to_exclude_list(const std::string& path, const std::vector<std::string>& hosts) {
+  std::set<std::string> all(hosts.begin(), hosts.end());
+  {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty() && line[0] != '#') all.insert(line);
+  }
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& h : all) out << h << "\n";
+    VIDIT_CHECK(out, "cannot write the exclude list '", path, "'");
+  }
+  std::filesystem::rename(tmp, path);
+  return {all.begin(), all.end()};
+}
+
+}  // namespace vidit

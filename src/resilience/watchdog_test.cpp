@@ -1,0 +1,39 @@
+// A hang in a real job: under mpirun rank 1 stops making progress after step 5 (the product's
+// fault injection); the others block in their next collective. With the step-based limit
+// (train.stall_steps x the median step, at least train.stall_min_s) the job ends within
+// seconds, not train.stall_timeout_s, and the report names the rank that did not arrive, from
+// the heartbeats every rank's watchdog writes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "../../tests/test_util.h"
+#include "parallel/mpi_test_util.h"
+#include "resilience/run_lock.h"
+#include "resilience/watchdog.h"
+
+namespace vidit {
+namespace {
+
+TEST(Watchdog, HangEndsSoonAndNamesTheRankThatDidNotArrive) {
+  VIDIT_REQUIRE_MPI();
+  test::ScratchDir dir("watchdog_hang");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto run = test::mpirun(2, std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
+                                 " train.steps=12 parallel.shard=2 train.stall_timeout_s=600 train.stall_steps=20 "
+                                 "train.stall_min_s=3 faults.kind=hang faults.step=5 faults.rank=1",
+                          120);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(run.status, 0) << run.output;
+  EXPECT_NE(run.status, 124) << "the hang was not ended by the watchdog: " << run.output;
+  EXPECT_LT(took, 60) << "train.stall_min_s = 3 s, not train.stall_timeout_s = 600 s";
+  EXPECT_NE(run.output.find("made no progress for"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("(limit 3 s)"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("ranks that did not arrive: rank 1 (" + host_name() + ", pid "), std::string::npos)
+      << run.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "heartbeats/rank_00000.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "heartbeats/rank_00001.json"));
+}
+
+}  // namespace
+}  // namespace vidit

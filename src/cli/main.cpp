@@ -87,25 +87,20 @@ at::Device train_device(const Config& cfg, const LaunchEnv& env) {
   return at::Device(at::kCUDA, int8_t(process_gpu(env, int(gpus))));
 }
 
-// vidit health: the pre-flight checks (diagnose/health.h) over every rank of the launch; rank 0
-// prints the table and adds the unhealthy hosts to the exclude list. Exit 3 when there are some.
-int cmd_health(const CommonOpts& o, std::string exclude_file) {
-  Config cfg = load_config(o.config, o.sets);
-  const LaunchEnv env = detect_launch_env();
-  const at::Device device = train_device(cfg, env);
-  if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
-  std::shared_ptr<Comm> world = make_world_comm(env, device.type());
-  const std::vector<std::string> hosts = gather_hosts(*world);
+// The pre-flight checks (diagnose/health.h) over every rank of `world`; rank 0 prints the table
+// and adds the unhealthy hosts to the exclude list (default <out_dir>/exclude_hosts.txt).
+HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device, std::string exclude_file) {
+  const std::vector<std::string> hosts = gather_hosts(world);
   HealthOptions h;
   h.device = device;
   h.threshold = cfg.train.straggler_threshold;
   h.out_dir = cfg.train.out_dir;
   h.min_free_gb = 1.1 * 4 * 4 * double(model_info(cfg).params) / 1e9;  // a checkpoint: weights, EMA, AdamW
   if (device.is_cuda()) h.expected_tflops = peak_tflops(cuda_device_name(device.index()), Precision::bf16);
-  h.slow_s = FaultInjector(cfg.faults, world->rank()).slowdown_s();
-  const HealthReport r = run_health(*world, hosts, h);
-  if (world->rank() == 0) {
-    std::printf("vidit health: %d rank(s) on %zu host(s), %s\n%s", world->size(),
+  h.slow_s = FaultInjector(cfg.faults, world.rank()).slowdown_s();
+  HealthReport r = run_health(world, hosts, h);
+  if (world.rank() == 0) {
+    std::printf("vidit health: %d rank(s) on %zu host(s), %s\n%s", world.size(),
                 std::set<std::string>(hosts.begin(), hosts.end()).size(), device.str().c_str(), r.table.c_str());
     if (exclude_file.empty()) exclude_file = cfg.train.out_dir + "/exclude_hosts.txt";
     if (r.bad_hosts.empty()) {
@@ -118,8 +113,18 @@ int cmd_health(const CommonOpts& o, std::string exclude_file) {
                   all.size(), exclude_file.c_str(), exclude_file.c_str());
     }
   }
-  world->barrier();
-  return r.bad_hosts.empty() ? 0 : 3;
+  world.barrier();
+  return r;
+}
+
+// vidit health: exit 3 when a host is unhealthy.
+int cmd_health(const CommonOpts& o, const std::string& exclude_file) {
+  Config cfg = load_config(o.config, o.sets);
+  const LaunchEnv env = detect_launch_env();
+  const at::Device device = train_device(cfg, env);
+  if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
+  std::shared_ptr<Comm> world = make_world_comm(env, device.type());
+  return preflight(cfg, *world, device, exclude_file).bad_hosts.empty() ? 0 : kUnhealthyStatus;
 }
 
 // --fresh: what an earlier run left in out_dir (checkpoints, metrics) is moved, not deleted, to
@@ -166,6 +171,16 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     const double copies = 3 + (cfg.train.ema_decay > 0 ? 1 : 0);  // weights, AdamW's two moments, EMA
     check_out_dir(cfg.train.out_dir, uint64_t(1.1 * copies * 4 * double(model_info(cfg).params)));
     if (fresh) set_aside_previous_run(cfg.train.out_dir);
+  }
+  // train.preflight: the health checks first; an unhealthy host stops the job before it starts
+  // (every rank sees the same report).
+  if (cfg.train.preflight) {
+    if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
+    if (!preflight(cfg, *mesh->world(), device, "").bad_hosts.empty()) {
+      if (lead) std::fprintf(stderr, "error: train.preflight: unhealthy host(s); not training. Start the job without "
+                                     "them (the exclude list above) and run the same command\n");
+      return kUnhealthyStatus;
+    }
   }
   std::shared_ptr<BatchSource> data;
   if (cfg.data.source == DataSource::demo) {

@@ -172,6 +172,8 @@ using NumList = std::vector<double>;
   KEY(double, spike_z, 6.0, positive, "spike threshold, in spreads of the running baseline")            \
   KEY(int64_t, spike_bins, 8, positive, "sigma bins of the per-sample loss baseline")                 \
   KEY(int64_t, spike_warmup, 8, positive, "samples a sigma bin (steps: the gradient norm) sees before it judges") \
+  KEY(bool, preflight, false, any,                                                                    \
+      "run the vidit health checks before training; an unhealthy host stops the job (exit 3)")          \
   KEY(int64_t, replica_check_every, 100, non_negative,                                                 \
       "compare the weights of replicas bit for bit every this many steps and before every save "          \
       "(silent data corruption; exit 87); 0: off")                                                        \

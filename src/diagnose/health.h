@@ -20,6 +20,10 @@
 
 namespace vidit {
 
+// The exit status of `vidit health` (and of `vidit train` with train.preflight) when a host is
+// unhealthy.
+inline constexpr int kUnhealthyStatus = 3;
+
 struct HealthOptions {
   double threshold = 0.7;
   at::Device device = at::kCPU;

@@ -51,5 +51,20 @@ TEST(Health, SlowRankIsUnhealthyAndItsHostExcluded) {
   EXPECT_EQ(lines_of(dir.path() + "/exclude_hosts.txt"), std::vector<std::string>{host_name()});
 }
 
+// train.preflight: vidit train runs the same checks first and does not train on an unhealthy host.
+TEST(Health, PreflightStopsTrainingOnAnUnhealthyHost) {
+  VIDIT_REQUIRE_MPI();
+  test::ScratchDir dir("preflight");
+  const std::string cmd = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
+                          " parallel.shard=2 train.preflight=true";
+  auto bad = test::mpirun(2, cmd + " faults.kind=slow faults.rank=1 faults.seconds=0.5", 120);
+  EXPECT_EQ(bad.status, kUnhealthyStatus) << bad.output;
+  EXPECT_NE(bad.output.find("train.preflight: unhealthy host(s); not training"), std::string::npos) << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "metrics.jsonl")) << "no step was trained";
+  auto ok = test::mpirun(2, cmd, 120);
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_NE(ok.output.find("every host is healthy"), std::string::npos) << ok.output;
+}
+
 }  // namespace
 }  // namespace vidit

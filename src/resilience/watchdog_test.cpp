@@ -28,7 +28,10 @@ TEST(Watchdog, HangEndsSoonAndNamesTheRankThatDidNotArrive) {
   EXPECT_NE(run.status, 124) << "the hang was not ended by the watchdog: " << run.output;
   EXPECT_LT(took, 60) << "train.stall_min_s = 3 s, not train.stall_timeout_s = 600 s";
   EXPECT_NE(run.output.find("made no progress for"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("(limit 3 s)"), std::string::npos) << run.output;
+  // The limit is 20 median steps of this tiny model, or train.stall_min_s = 3 s if that is more.
+  const size_t at = run.output.find("(limit ");
+  ASSERT_NE(at, std::string::npos) << run.output;
+  EXPECT_LE(std::stod(run.output.substr(at + 7)), 20) << run.output;
   EXPECT_NE(run.output.find("ranks that did not arrive: rank 1 (" + host_name() + ", pid "), std::string::npos)
       << run.output;
   EXPECT_TRUE(std::filesystem::exists(dir / "heartbeats/rank_00000.json"));

@@ -61,9 +61,7 @@ TEST(Health, PreflightStopsTrainingOnAnUnhealthyHost) {
   EXPECT_EQ(bad.status, kUnhealthyStatus) << bad.output;
   EXPECT_NE(bad.output.find("train.preflight: unhealthy host(s); not training"), std::string::npos) << bad.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "metrics.jsonl")) << "no step was trained";
-  auto ok = test::mpirun(2, cmd, 120);
-  EXPECT_EQ(ok.status, 0) << ok.output;
-  EXPECT_NE(ok.output.find("every host is healthy"), std::string::npos) << ok.output;
+  // (A healthy launch passing is Health.SlowRankIsUnhealthyAndItsHostExcluded's first half.)
 }
 
 }  // namespace

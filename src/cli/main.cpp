@@ -89,9 +89,21 @@ at::Device train_device(const Config& cfg, const LaunchEnv& env) {
 
 // The pre-flight checks (diagnose/health.h) over every rank of `world`; rank 0 prints the table
 // and adds the unhealthy hosts to the exclude list (default <out_dir>/exclude_hosts.txt).
-HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device, std::string exclude_file) {
+HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device, std::string exclude_file,
+                       const std::string& checks = "device,network,storage") {
   const std::vector<std::string> hosts = gather_hosts(world);
   HealthOptions h;
+  std::set<std::string> which;
+  for (size_t at = 0; at <= checks.size();) {
+    const size_t comma = std::min(checks.find(',', at), checks.size());
+    const std::string c = checks.substr(at, comma - at);
+    VIDIT_CHECK(c == "device" || c == "network" || c == "storage", "vidit health --checks: unknown check '", c,
+                "'; give a comma-separated list of device, network, storage");
+    which.insert(c);
+    at = comma + 1;
+  }
+  h.check_device = which.count("device") > 0, h.check_network = which.count("network") > 0;
+  h.check_storage = which.count("storage") > 0;
   h.device = device;
   h.threshold = cfg.train.straggler_threshold;
   h.out_dir = cfg.train.out_dir;
@@ -103,6 +115,10 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
     std::printf("vidit health: %d rank(s) on %zu host(s), %s\n%s", world.size(),
                 std::set<std::string>(hosts.begin(), hosts.end()).size(), device.str().c_str(), r.table.c_str());
     if (exclude_file.empty()) exclude_file = cfg.train.out_dir + "/exclude_hosts.txt";
+    for (const auto& link : r.slow_links)
+      std::printf("slow link: %s (their all-reduce is below %.0f%% of the median pair, while each host is fine with "
+                  "its other neighbour): check the cables, ports or switch between them\n",
+                  link.c_str(), 100 * h.threshold);
     if (r.bad_hosts.empty()) {
       std::printf("every host is healthy\n");
     } else {
@@ -118,13 +134,13 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
 }
 
 // vidit health: exit 3 when a host is unhealthy.
-int cmd_health(const CommonOpts& o, const std::string& exclude_file) {
+int cmd_health(const CommonOpts& o, const std::string& exclude_file, const std::string& checks) {
   Config cfg = load_config(o.config, o.sets);
   const LaunchEnv env = detect_launch_env();
   const at::Device device = train_device(cfg, env);
   if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
   std::shared_ptr<Comm> world = make_world_comm(env, device.type());
-  return preflight(cfg, *world, device, exclude_file).bad_hosts.empty() ? 0 : kUnhealthyStatus;
+  return preflight(cfg, *world, device, exclude_file, checks).bad_hosts.empty() ? 0 : kUnhealthyStatus;
 }
 
 // --fresh: what an earlier run left in out_dir (checkpoints, metrics) is moved, not deleted, to
@@ -135,7 +151,7 @@ void set_aside_previous_run(const std::string& out_dir) {
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "previous-%Y%m%d-%H%M%S", std::gmtime(&now));
   const fs::path aside = fs::path(out_dir) / stamp;
-  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "forensics"}) {
+  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "forensics", "quarantine.json"}) {
     if (!fs::exists(fs::path(out_dir) / name)) continue;
     fs::create_directories(aside);
     fs::rename(fs::path(out_dir) / name, aside / name);
@@ -421,10 +437,12 @@ int main(int argc, char** argv) {
   auto* compare_ckpt = ckpt->add_subcommand("compare", "exit 0 when two checkpoints hold bitwise the same state");
   compare_ckpt->add_option("a", ckpt_a, "checkpoint directory")->required();
   compare_ckpt->add_option("b", ckpt_b, "checkpoint directory")->required();
-  std::string exclude_file;
+  std::string exclude_file, checks = "device,network,storage";
   auto* health = app.add_subcommand("health", "pre-flight checks of every rank and host of the launch (matmul, memory, "
                                               "all-reduce, out_dir); unhealthy hosts go to an exclude list");
   health->add_option("--exclude-file", exclude_file, "the exclude list (default <train.out_dir>/exclude_hosts.txt)");
+  health->add_option("--checks", checks, "which checks: a comma-separated list of device (matmul, memory), network "
+                                         "(all-reduces in each host, over all, between node pairs), storage (out_dir)");
   add_common(health, o);
   std::string doctor_dir;
   auto* doctor = app.add_subcommand("doctor", "what happened in a run: restarts, skipped steps, spikes, stragglers, "
@@ -443,7 +461,7 @@ int main(int argc, char** argv) {
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
     if (demo->parsed()) return cmd_demo(o, resume);
     if (verify_ckpt->parsed()) return cmd_verify(ckpt_a);
-    if (health->parsed()) return cmd_health(o, exclude_file);
+    if (health->parsed()) return cmd_health(o, exclude_file, checks);
     if (doctor->parsed()) return std::printf("%s", doctor_report(doctor_dir).c_str()) < 0;
     if (compare_ckpt->parsed()) return cmd_compare(ckpt_a, ckpt_b);
     if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);

@@ -49,9 +49,10 @@ VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
 VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
 // faults.kind: what the fault injection does (resilience/fault_injection.h).
 VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, hang, slow, nan_grad, bitflip, corrupt_checkpoint,
-                  truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save, poison_sample)
+                  truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save, poison_sample, glitch,
+                  poison_cache)
 // train.spike_action: what a loss or gradient spike does (diagnose/spike_detector.h).
-VIDIT_CONFIG_ENUM(SpikeAction, off, log, skip)
+VIDIT_CONFIG_ENUM(SpikeAction, off, log, skip, rollback)
 // train.schedule after warm-up.
 VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 // diffusion.timestep_sampling of sigma.
@@ -168,7 +169,17 @@ using NumList = std::vector<double>;
   KEY(int64_t, ckpt_failures_max, 3, positive, "consecutive failed saves after which the run stops")   \
   KEY(SpikeAction, spike_action, SpikeAction::log, any,                                               \
       "a step whose loss (against a baseline per sigma bin) or gradient norm is train.spike_z spreads "    \
-      "high: \"log\" (events.jsonl, forensics/step_N.json), \"skip\" (and no update), \"off\"")           \
+      "high: \"log\" (events.jsonl, forensics/step_N.json), \"skip\" (and no update), \"rollback\" "      \
+      "(no update; back to the newest checkpoint, its blamed samples quarantined), \"off\"")                 \
+  KEY(bool, spike_rerun, true, any,                                                                    \
+      "re-run a flagged step's forward pass on the same ranks: a loss that reproduces is the data's, one "  \
+      "that does not is the hardware's")                                                                   \
+  KEY(int64_t, quarantine_after, 2, non_negative,                                                      \
+      "a sample blamed for this many spikes that reproduced goes to <out_dir>/quarantine.json, which the " \
+      "loader skips from then on (rollback: at once); 0: never")                                          \
+  KEY(int64_t, max_rollbacks, 3, non_negative, "rollbacks (train.spike_action = \"rollback\") before the run stops") \
+  KEY(double, rollback_lr_scale, 1.0, positive,                                                        \
+      "the learning rate is multiplied by this after each rollback (e.g. 0.5; 1: unchanged)")            \
   KEY(double, spike_z, 6.0, positive, "spike threshold, in spreads of the running baseline")            \
   KEY(int64_t, spike_bins, 8, positive, "sigma bins of the per-sample loss baseline")                 \
   KEY(int64_t, spike_warmup, 8, positive, "samples a sigma bin (steps: the gradient norm) sees before it judges") \
@@ -241,9 +252,12 @@ using NumList = std::vector<double>;
       "step's checkpoint: \"corrupt_checkpoint\" (4 KiB of garbage) or \"truncate_checkpoint\" (half its size) " \
       "in the model part; while the rank writes it: \"disk_full\" (ENOSPC), \"io_error\" (EIO at fsync), "     \
       "\"slow_storage\" (faults.seconds per file), \"kill_in_save\" (SIGKILL mid-file); in the step: "          \
-      "\"poison_sample\" (its first sample's latents x 1000: a sample with extreme values)")                    \
+      "\"poison_sample\" (its first sample's latents x 1000: a sample with extreme values), \"glitch\" "    \
+      "(its first sample's prediction x 100, once: a transient hardware error); when the cache is "            \
+      "prepared: \"poison_cache\" (sample faults.sample is written with its latents x 1000 and a valid checksum)") \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
   KEY(int64_t, rank, 0, non_negative, "the rank it happens on (corrupt/truncate_checkpoint: rank 0 does them)") \
+  KEY(std::string, sample, "", any, "poison_cache: the cache key of the sample to poison")             \
   KEY(double, seconds, 2.0, non_negative, "slow: seconds added to each step; slow_storage: to each file written") \
   KEY(int64_t, attempt, 0, non_negative,                                                               \
       "the attempt of the job it happens in (TORCHELASTIC_RESTART_COUNT / SLURM_RESTART_COUNT; 0: the first)")

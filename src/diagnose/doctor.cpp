@@ -68,8 +68,23 @@ std::string doctor_report(const std::string& run_dir) {
     } else if (kind == "spike") {
       out << "  step " << step << ": spike in the " << e.value("why", "") << " (loss z " << fmt("%.1f", e.value("loss_z", 0.0))
           << ", gradient z " << fmt("%.1f", e.value("grad_z", 0.0)) << "); blamed: "
-          << describe_blamed(nlohmann::json{{"blamed", e.value("blamed", nlohmann::json::array())}}) << "; "
-          << e.value("forensics", "") << "\n";
+          << describe_blamed(nlohmann::json{{"blamed", e.value("blamed", nlohmann::json::array())}});
+      const std::string cause = e.value("cause", "unknown");
+      if (cause == "data") out << "; reproduced on re-run: the data";
+      if (cause == "device") {
+        out << "; did not reproduce on re-run: the device of " << e.value("not_reproduced_on", nlohmann::json::array()).dump();
+        for (const auto& r : e.value("not_reproduced_on", nlohmann::json::array())) {
+          const std::string who = r.get<std::string>();
+          const size_t open = who.find('('), close = who.rfind(')');
+          if (open != std::string::npos && close > open) ++suspects[who.substr(open + 1, close - open - 1)]["device error"];
+        }
+      }
+      const auto q = e.value("quarantined", nlohmann::json::array());
+      if (!q.empty()) out << "; quarantined " << q.dump();
+      out << "; " << e.value("forensics", "") << "\n";
+    } else if (kind == "rollback") {
+      out << "  step " << step << ": rolled back to step " << e.value("to", int64_t(0)) << " (rollback "
+          << e.value("rollbacks", 0) << ", learning rate x " << fmt("%.3g", e.value("lr_scale", 1.0)) << ")\n";
     } else if (kind == "replicas_diverged") {
       out << "  step " << step << ": replicas' weights disagree (silent data corruption); suspect rank(s)";
       for (const auto& g : e.value("groups", nlohmann::json::array()))

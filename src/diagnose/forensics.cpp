@@ -10,9 +10,23 @@
 
 namespace vidit {
 
+std::vector<size_t> blamed_samples(const SpikeVerdict& v, const std::vector<StepSample>& samples, double z_threshold) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < samples.size(); ++i)
+    if (std::isfinite(v.sample_z[i]) ? v.sample_z[i] > z_threshold : !std::isfinite(samples[i].loss)) out.push_back(i);
+  std::stable_sort(out.begin(), out.end(), [&](size_t a, size_t b) { return v.sample_z[a] > v.sample_z[b]; });
+  return out;
+}
+
+bool reproduced(const StepSample& s) {
+  if (std::isnan(s.rerun_loss)) return false;
+  if (!std::isfinite(s.loss)) return !std::isfinite(s.rerun_loss);
+  return std::fabs(s.rerun_loss - s.loss) <= 1e-3 * std::fabs(s.loss) + 1e-9;
+}
+
 std::string write_forensics(const std::string& out_dir, int64_t step, const SpikeVerdict& v,
                             const std::vector<StepSample>& samples, double grad_norm, double z_threshold,
-                            const std::string& action, const std::vector<std::string>& hosts) {
+                            const std::string& action, const std::vector<std::string>& hosts, const nlohmann::json& extra) {
   std::vector<size_t> order(samples.size());
   std::iota(order.begin(), order.end(), size_t(0));
   auto z_of = [&](size_t i) { return std::isfinite(v.sample_z[i]) ? v.sample_z[i] : -1e300; };
@@ -28,6 +42,7 @@ std::string write_forensics(const std::string& out_dir, int64_t step, const Spik
                           {"loss", num(s.loss)},
                           {"baseline", num(v.baseline[i])},
                           {"z", num(v.sample_z[i])}};
+    if (!std::isnan(s.rerun_loss)) row["rerun_loss"] = num(s.rerun_loss), row["reproduced"] = reproduced(s);
     if (std::isfinite(v.sample_z[i]) ? v.sample_z[i] > z_threshold : !std::isfinite(s.loss)) blamed.push_back(row);
     rows.push_back(std::move(row));
   }
@@ -41,6 +56,7 @@ std::string write_forensics(const std::string& out_dir, int64_t step, const Spik
                            {"judged_samples", v.judged},
                            {"blamed", blamed},
                            {"samples", rows}};
+  report.update(extra);
   char name[64];
   std::snprintf(name, sizeof name, "step_%08lld.json", (long long)step);
   const std::filesystem::path dir = std::filesystem::path(out_dir) / "forensics";

@@ -119,6 +119,66 @@ std::pair<double, double> out_dir_speed(const std::string& dir, const std::strin
   return {mbs, free_gb};
 }
 
+struct PairLink {
+  int a = 0, b = 0;  // host indices
+  int round = 0;
+  double gbs = 0;
+};
+
+// The hosts in a ring, each next to the following one (and the last to the first): every pair of
+// neighbours runs an all-reduce between their first ranks. The pairs are scheduled in rounds in
+// which a host is in one pair at most (two rounds for an even number of hosts, three for an odd
+// one), the pairs of a round at once. Every host is in two pairs, so a host with a bad network is
+// slow in both and a bad link in one. Collective over `world`; every rank returns every pair.
+std::vector<PairLink> pair_rounds(Comm& world, const std::vector<std::string>& host_order, int host_index, bool host_lead,
+                                  const HealthOptions& o) {
+  const int k = int(host_order.size());
+  std::vector<PairLink> links;
+  if (k < 2) return links;
+  for (int i = 0; i < (k == 2 ? 1 : k); ++i) links.push_back({i, (i + 1) % k, 0, 0});
+  int rounds = 0;
+  for (size_t e = 0; e < links.size(); ++e) {
+    for (int r = 0;; ++r) {
+      bool free = true;
+      for (size_t f = 0; f < e; ++f)
+        if (links[f].round == r && (links[f].a == links[e].a || links[f].a == links[e].b || links[f].b == links[e].a ||
+                                    links[f].b == links[e].b))
+          free = false;
+      if (free) {
+        links[e].round = r, rounds = std::max(rounds, r + 1);
+        break;
+      }
+    }
+  }
+  const int n = world.size(), me = world.rank();
+  at::Tensor mine = at::zeros({rounds, 2}, at::kDouble);  // per round: link index + 1 (0: none), GB/s
+  for (int r = 0; r < rounds; ++r) {
+    int color = k + me;  // a communicator of its own: not in a pair this round
+    for (size_t e = 0; e < links.size(); ++e)
+      if (host_lead && links[e].round == r && (links[e].a == host_index || links[e].b == host_index)) color = int(e);
+    std::shared_ptr<Comm> pair = world.split(color, me);
+    world.barrier();
+    if (color < int(links.size()) && pair->size() == 2) {
+      mine[r][0] = double(color + 1);
+      mine[r][1] = allreduce_gbs(*pair, o.device);
+    }
+    world.barrier();
+  }
+  at::Tensor all = at::empty({n * rounds * 2}, at::kDouble);
+  world.all_gather(mine.view(-1), all)->wait();
+  const double* a = all.data_ptr<double>();
+  std::vector<int> seen(links.size(), 0);
+  for (int i = 0; i < n * rounds; ++i) {
+    const int e = int(a[2 * i]) - 1;
+    if (e < 0) continue;
+    links[size_t(e)].gbs += a[2 * i + 1];  // both ends measured it: their mean
+    ++seen[size_t(e)];
+  }
+  for (size_t e = 0; e < links.size(); ++e)
+    if (seen[e] > 0) links[e].gbs /= seen[e];
+  return links;
+}
+
 }  // namespace
 
 HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, const HealthOptions& o) {
@@ -134,14 +194,20 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
   // The device checks, one rank at a time per host would be fairer to shared CPUs; all at once
   // is what training does, so that is what is measured.
   world.barrier();
-  const double gflops = matmul_gflops(o);
+  const double gflops = o.check_device ? matmul_gflops(o) : 0;
   world.barrier();
-  const double gbs = memory_gbs(o);
-  std::shared_ptr<Comm> node = world.split(host_index, me);
-  const double node_gbs = allreduce_gbs(*node, o.device);
-  rep.world_allreduce_gbs = allreduce_gbs(world, o.device);
+  const double gbs = o.check_device ? memory_gbs(o) : 0;
+  double node_gbs = 0;
+  std::vector<PairLink> links;
+  if (o.check_network) {
+    std::shared_ptr<Comm> node = world.split(host_index, me);
+    node_gbs = allreduce_gbs(*node, o.device);
+    rep.world_allreduce_gbs = allreduce_gbs(world, o.device);
+    links = pair_rounds(world, host_order, host_index, host_lead, o);
+  }
   double write_mbs = -1, free_gb = -1;
-  if (host_lead && !o.out_dir.empty()) std::tie(write_mbs, free_gb) = out_dir_speed(o.out_dir, hosts[size_t(me)]);
+  if (o.check_storage && host_lead && !o.out_dir.empty())
+    std::tie(write_mbs, free_gb) = out_dir_speed(o.out_dir, hosts[size_t(me)]);
 
   at::Tensor mine = at::tensor({gflops, gbs, node_gbs, write_mbs, free_gb}, at::kDouble);
   at::Tensor all = at::empty({n * 5}, at::kDouble);
@@ -160,7 +226,7 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
     std::vector<std::string> why;
     if (h.matmul_score < o.threshold) why.push_back("matmul " + std::to_string(int(100 * h.matmul_score)) + "% of the median");
     if (h.memory_score < o.threshold) why.push_back("memory " + std::to_string(int(100 * h.memory_score)) + "% of the median");
-    if (o.expected_tflops > 0 && h.matmul_gflops < 0.4 * o.expected_tflops * 1e3)
+    if (o.check_device && o.expected_tflops > 0 && h.matmul_gflops < 0.4 * o.expected_tflops * 1e3)
       why.push_back("matmul below 0.4 x the device's peak");
     if (a[5 * r + 3] >= 0) {
       rep.host_write_mbs.push_back({h.host, a[5 * r + 3]});
@@ -175,6 +241,33 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
     if (!h.ok) bad.insert(h.host);
     rep.ranks.push_back(h);
   }
+  // Links: a host whose every pair is slow has a bad network (it is excluded); a slow pair whose
+  // hosts are fine otherwise is a bad link between them (named, not excluded: neither host is
+  // to blame).
+  std::vector<double> rates;
+  for (const PairLink& l : links) rates.push_back(l.gbs);
+  const double link_med = median(rates);
+  for (const PairLink& l : links) rep.pairs.push_back({host_order[size_t(l.a)], host_order[size_t(l.b)], l.gbs, l.round});
+  if (links.size() >= 3) {
+    auto slow = [&](const PairLink& l) { return l.gbs < o.threshold * link_med; };
+    for (int h = 0; h < int(host_order.size()); ++h) {
+      int mine = 0, slow_mine = 0;
+      for (const PairLink& l : links)
+        if (l.a == h || l.b == h) ++mine, slow_mine += slow(l);
+      if (mine >= 2 && slow_mine == mine) {
+        bad.insert(host_order[size_t(h)]);
+        for (RankHealth& r : rep.ranks)
+          if (r.host == host_order[size_t(h)]) {
+            r.ok = false;
+            r.why += std::string(r.why.empty() ? "" : ", ") + "all-reduce with every neighbour host below " +
+                     std::to_string(int(100 * o.threshold)) + "% of the median pair";
+          }
+      }
+    }
+    for (const PairLink& l : links)
+      if (slow(l) && !bad.count(host_order[size_t(l.a)]) && !bad.count(host_order[size_t(l.b)]))
+        rep.slow_links.push_back(host_order[size_t(l.a)] + " - " + host_order[size_t(l.b)]);
+  }
   rep.bad_hosts.assign(bad.begin(), bad.end());
 
   std::ostringstream t;
@@ -183,6 +276,12 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
                 o.device.is_cuda() ? "matmul TFLOP/s" : "matmul GFLOP/s", "score", "memory GB/s", "score", "verdict");
   t << line;
   for (const RankHealth& h : rep.ranks) {
+    if (!o.check_device) {
+      std::snprintf(line, sizeof line, "%-5d %-20s %16s %7s %12s %7s  %s\n", h.rank, h.host.c_str(), "-", "-", "-", "-",
+                    h.ok ? "ok" : ("UNHEALTHY: " + h.why).c_str());
+      t << line;
+      continue;
+    }
     std::snprintf(line, sizeof line, "%-5d %-20s %16.1f %7.2f %12.1f %7.2f  %s\n", h.rank, h.host.c_str(),
                   o.device.is_cuda() ? h.matmul_gflops / 1e3 : h.matmul_gflops, h.matmul_score, h.memory_gbs,
                   h.memory_score, h.ok ? "ok" : ("UNHEALTHY: " + h.why).c_str());
@@ -190,6 +289,12 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
   }
   for (const auto& [host, g] : rep.host_allreduce_gbs) t << "all-reduce inside " << host << ": " << g << " GB/s (bus)\n";
   if (n > 1) t << "all-reduce over all " << n << " ranks: " << rep.world_allreduce_gbs << " GB/s (bus)\n";
+  for (const HostPair& p : rep.pairs) {
+    const std::string link = p.a + " - " + p.b;
+    const bool slow_link = std::find(rep.slow_links.begin(), rep.slow_links.end(), link) != rep.slow_links.end();
+    t << "all-reduce between " << link << " (round " << p.round + 1 << "): " << p.gbs << " GB/s (bus)"
+      << (slow_link ? "  SLOW LINK" : "") << "\n";
+  }
   for (size_t i = 0; i < rep.host_write_mbs.size(); ++i)
     t << "out_dir from " << rep.host_write_mbs[i].first << ": " << int(rep.host_write_mbs[i].second) << " MB/s with fsync, "
       << int(rep.host_free_gb[i].second) << " GB free\n";

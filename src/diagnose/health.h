@@ -8,8 +8,12 @@
 // with what the file already holds, so a node stays out across restarts) for
 // `srun --exclude` / `sbatch --exclude`.
 //
-// The CPU versions of the same checks run on a CPU machine. Node-pair all-reduce rounds (to
-// isolate a bad link between hosts) are left for when several hosts can be tested.
+// Between hosts, node pairs in rounds (DLRover's check): the hosts in a ring, each pair of
+// neighbours all-reducing between their first ranks, the pairs of a round at once. A host slow
+// with both its neighbours has a bad network and is unhealthy; one slow pair whose hosts are fine
+// with their other neighbours is a slow link, named in the report (three hosts or more).
+//
+// The CPU versions of the same checks run on a CPU machine.
 #pragma once
 #include <string>
 #include <vector>
@@ -31,6 +35,8 @@ struct HealthOptions {
   double min_free_gb = 0;       // out_dir must have this much free
   double expected_tflops = 0;   // the device's peak for the matmul's dtype (0: unknown)
   double slow_s = 0;            // fault injection: added inside this rank's timed matmul
+  // Which checks run (vidit health --checks): matmul and memory; the all-reduces; out_dir.
+  bool check_device = true, check_network = true, check_storage = true;
 };
 
 struct RankHealth {
@@ -41,11 +47,20 @@ struct RankHealth {
   std::string why;
 };
 
+// An all-reduce between the first ranks of two hosts (bus bandwidth), in one of the rounds.
+struct HostPair {
+  std::string a, b;
+  double gbs = 0;
+  int round = 0;
+};
+
 struct HealthReport {
   std::vector<RankHealth> ranks;
   std::vector<std::string> bad_hosts;  // sorted
   double world_allreduce_gbs = 0;      // bus bandwidth of an 8 MiB all-reduce over every rank
   std::vector<std::pair<std::string, double>> host_allreduce_gbs, host_write_mbs, host_free_gb;
+  std::vector<HostPair> pairs;          // the node-pair rounds
+  std::vector<std::string> slow_links;  // "hostA - hostB": a slow pair whose hosts are otherwise fine
   std::string table;                   // for the console
 };
 

@@ -60,4 +60,17 @@ SpikeVerdict SpikeDetector::observe(const std::vector<SampleLoss>& samples, doub
   return v;
 }
 
+std::vector<PartNorm> SpikeDetector::parts(const std::map<std::string, double>& norms, bool learn) {
+  std::vector<PartNorm> out;
+  for (const auto& [part, norm] : norms) {
+    Stat& st = parts_[part];
+    PartNorm p{part, norm, st.n >= o_.warmup ? std::exp(st.mean) : 0.0, 0.0};
+    if (p.typical > 0) p.ratio = norm / p.typical;
+    out.push_back(p);
+    if (learn && std::isfinite(norm) && norm > 0) st.add(std::log(norm), o_.decay);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PartNorm& a, const PartNorm& b) { return a.ratio > b.ratio; });
+  return out;
+}
+
 }  // namespace vidit

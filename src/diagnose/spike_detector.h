@@ -13,8 +13,11 @@
 //  - a step whose loss z or gradient z exceeds `z` is a spike. Its values do not enter the
 //    baselines, so one bad batch does not raise the bar for the next.
 // Only upward deviations count: a loss that falls faster than usual is not a problem.
+// Each part of the model (every block, the embeddings, the head) also keeps a baseline of its
+// own log gradient norm, so that a spike's report names the blocks whose gradients jumped.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +43,13 @@ struct SpikeVerdict {
   std::string why;                 // "loss" or "gradient norm" or both, for the report
 };
 
+// A part's gradient norm at a flagged step against its running typical value (the exponential
+// of its mean log norm; 0 before it has one).
+struct PartNorm {
+  std::string part;
+  double norm = 0, typical = 0, ratio = 0;  // ratio: norm / typical (0: no typical value yet)
+};
+
 class SpikeDetector {
  public:
   explicit SpikeDetector(SpikeOptions o = {});
@@ -47,6 +57,9 @@ class SpikeDetector {
   // norm. A non-finite norm is judged elsewhere (the update is skipped) and not learned from.
   SpikeVerdict observe(const std::vector<SampleLoss>& samples, double grad_norm);
   int64_t bin_of(double sigma) const;
+  // The parts' gradient norms of the same step, largest jump first; they are learned when
+  // `learn` (the step was not a spike).
+  std::vector<PartNorm> parts(const std::map<std::string, double>& norms, bool learn);
 
  private:
   struct Stat {
@@ -58,6 +71,7 @@ class SpikeDetector {
   SpikeOptions o_;
   std::vector<Stat> bins_;
   Stat grad_;
+  std::map<std::string, Stat> parts_;
 };
 
 }  // namespace vidit

@@ -103,6 +103,12 @@ TEST(Spikes, PoisonedSampleIsBlamedAndItsUpdateSkipped) {
   EXPECT_EQ(blamed.at("rank"), 1);
   EXPECT_TRUE(blamed.at("sample").contains("index")) << blamed.dump();
   EXPECT_GT(double(blamed.at("z")), 6.0);
+  // The re-run reproduced it: the data's fault, not the device's.
+  EXPECT_EQ(report.at("cause"), "data") << report.dump(2);
+  EXPECT_EQ(blamed.at("reproduced"), true);
+  // The gradients of the model's parts jumped against their own baselines.
+  ASSERT_FALSE(report.at("parts").empty());
+  EXPECT_EQ(report.at("parts")[0].at("jumped"), true) << report.at("parts").dump();
   // Every sample of the step is listed (batch 4), the blamed one first.
   EXPECT_EQ(report.at("samples").size(), 4u);
   EXPECT_EQ(report.at("samples")[0], blamed);

@@ -26,6 +26,14 @@ at::Tensor flow_loss(const at::Tensor& pred, const at::Tensor& target) {
   return at::mse_loss(pred.to(at::kFloat), target.to(at::kFloat));
 }
 
+std::vector<double> sample_losses(const at::Tensor& pred, const at::Tensor& target, int64_t rows) {
+  if (rows <= 0) return {};
+  at::NoGradGuard ng;
+  const at::Tensor d = pred.detach().narrow(0, 0, rows).to(at::kFloat) - target.narrow(0, 0, rows).to(at::kFloat);
+  const at::Tensor own = d.pow(2).flatten(1).mean(1).to(at::kDouble).cpu().contiguous();
+  return std::vector<double>(own.data_ptr<double>(), own.data_ptr<double>() + rows);
+}
+
 at::Tensor sample_text_keep(int64_t B, double p, at::Generator& gen) { return at::rand({B}, gen, at::kFloat) >= p; }
 
 at::Tensor drop_text(const at::Tensor& text, const at::Tensor& null_text, const at::Tensor& keep) {

@@ -5,6 +5,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "core/config.h"
 
 namespace vidit {
@@ -25,6 +27,9 @@ FlowSample make_flow_sample(const at::Tensor& x0, const at::Tensor& noise, const
 
 // Mean squared error between the predicted and target velocity (fp32).
 at::Tensor flow_loss(const at::Tensor& pred, const at::Tensor& target);
+// Each of the first `rows` samples' own loss (its mean squared error, fp32, no gradient), on the
+// host: what the spike detector judges (diagnose/spike_detector.h).
+std::vector<double> sample_losses(const at::Tensor& pred, const at::Tensor& target, int64_t rows);
 
 // Replaces each sample's text with `null_text` with probability p (classifier-free guidance
 // training). text [B, Lt, D]; null_text [Lt, D] or [1, Lt, D].

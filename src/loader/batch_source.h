@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,15 @@ class BatchSource {
   // True when every data-parallel rank's batches are slices of one global batch (global_rows set);
   // otherwise each rank's batches are its own and it needs its own random stream.
   virtual bool slices_global_batch() const { return false; }
+  // Samples never to hand out again, by key (diagnose/quarantine.h: the cache key, or
+  // index_key(i) for a dataset's sample i); every rank is given the same set at the same step.
+  void skip(std::set<std::string> keys) { skip_ = std::move(keys); }
+
+ protected:
+  std::set<std::string> skip_;
 };
+
+inline std::string index_key(int64_t i) { return "index " + std::to_string(i); }
 
 // Data parallel: every rank draws the same global batch of `batch_size` indices and loads only
 // its slice (rank `rank` of `ranks`, batch_size / ranks samples each).
@@ -57,6 +66,14 @@ class EpochBatchSource : public BatchSource {
                 "parallel.replicate x parallel.shard = ", ranks_);
     const int64_t per_rank = batch_size / ranks_;
     std::vector<int64_t> all = sampler_.next(batch_size);
+    // A skipped (quarantined) sample is replaced by the sampler's next one, the same on every
+    // rank, so the global batch stays whole.
+    for (int64_t& i : all)
+      for (int64_t tries = 0; !skip_.empty() && skip_.count(index_key(i)); ++tries) {
+        VIDIT_CHECK(tries < data_->size(), "every sample of the dataset is quarantined (", skip_.size(),
+                    " keys); remove <out_dir>/quarantine.json or fix the data");
+        i = sampler_.next(1)[0];
+      }
     std::vector<int64_t> mine(all.begin() + rank_ * per_rank, all.begin() + (rank_ + 1) * per_rank);
     auto [x, t] = data_->batch(mine);
     MicroBatch b{x, at::Tensor(), t, batch_size, rank_ * per_rank, {}};

@@ -117,6 +117,30 @@ MicroBatch CacheLoader::next(int64_t) {
   ++want_seq_;
   lock.unlock();
   cv_.notify_all();
+  return skip_.empty() ? b : without_skipped(std::move(b));
+}
+
+MicroBatch CacheLoader::without_skipped(MicroBatch b) const {
+  std::vector<int64_t> keep;
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < b.ids.size(); ++i) {
+    const nlohmann::json id = nlohmann::json::parse(b.ids[i], nullptr, /*allow_exceptions=*/false);
+    const std::string key = id.is_object() ? id.value("key", "") : "";
+    if (skip_.count(key)) {
+      std::fprintf(stderr, "[loader] skipping quarantined sample %s (%s)\n", key.c_str(), id.value("source", "").c_str());
+      continue;
+    }
+    keep.push_back(int64_t(i));
+    ids.push_back(b.ids[i]);
+  }
+  if (keep.size() == b.ids.size()) return b;
+  const at::Tensor idx = at::tensor(keep, at::kLong);
+  auto rows = [&](const at::Tensor& t) {
+    at::Tensor r = t.index_select(0, idx);
+    return pin_ && r.numel() > 0 ? r.pin_memory() : r;
+  };
+  b.latents = rows(b.latents), b.latent_std = rows(b.latent_std), b.texts = rows(b.texts);
+  b.ids = std::move(ids);
   return b;
 }
 

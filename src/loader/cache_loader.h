@@ -9,7 +9,8 @@
 // data.loader_threads threads; next() hands them out in order.
 //
 // A sample that fails its checksum or cannot be read is skipped (the batch is one smaller) and
-// recorded in skipped() and on stderr; training never stops for it. The saved position is that
+// recorded in skipped() and on stderr; training never stops for it. Samples named by skip()
+// (quarantined) are dropped from the batches as they are handed out. The saved position is that
 // of the batches handed out, not of those prefetched, so a checkpoint resumes exactly.
 #pragma once
 #include <condition_variable>
@@ -53,6 +54,7 @@ class CacheLoader : public BatchSource {
   void stop();
   void work();
   MicroBatch assemble(const Job& job);
+  MicroBatch without_skipped(MicroBatch b) const;  // drops the rows skip() names
 
   std::shared_ptr<const LatentCache> cache_;
   Config cfg_;

@@ -237,6 +237,11 @@ void FullyShardedDataParallel::after_backward() {
   }
 }
 
+void FullyShardedDataParallel::after_forward_only() {
+  for (auto& u : units_)
+    if (!u.reducing) release(u);
+}
+
 int64_t FullyShardedDataParallel::shard_bytes() const {
   int64_t bytes = 0;
   for (const auto& [name, s] : shard_map_) bytes += 2 * s.nbytes();  // weights and gradients

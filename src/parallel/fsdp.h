@@ -54,6 +54,10 @@ class FullyShardedDataParallel : public GradientSync {
   // the shards' gradients.
   void after_backward(bool last) override { after_backward(); }
   void after_backward();
+  // A forward without backward (no_grad) leaves the root unit, and with
+  // reshard_after_forward = false every block, gathered: released here, so that the next
+  // forward gathers the weights as they are after the optimizer step.
+  void after_forward_only() override;
 
   // Bytes this member keeps between steps for parameters and gradients (shards), and the most
   // gathered at once during the last step (for the memory report).

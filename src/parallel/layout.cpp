@@ -1,5 +1,6 @@
 #include "parallel/layout.h"
 
+#include <cmath>
 #include <set>
 
 #include "core/error.h"
@@ -127,36 +128,48 @@ at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, const Mes
   return t;
 }
 
-double global_norm(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh) {
+std::string model_part(const std::string& name) {
+  const size_t dot = name.find('.');
+  if (dot != std::string::npos && name.compare(0, dot, "blocks") == 0) return name.substr(0, name.find('.', dot + 1));
+  return name.substr(0, dot);
+}
+
+namespace {
+// The reduced sums of squares, one per (part, cut groups), on the CPU, with each entry's part.
+std::pair<std::vector<std::string>, at::Tensor> reduced_squares(
+    const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh,
+    const std::function<std::string(const std::string&)>& part_of) {
   at::NoGradGuard no_grad;
-  // Tensors grouped by the set of groups they are cut over; each set's squares summed locally.
-  std::map<std::set<std::string>, std::vector<at::Tensor>> by_cut;
-  // The sets come from the names, not from which tensors are defined, so that every rank issues
-  // the same collectives.
+  // Tensors grouped by (part, the set of groups they are cut over); each group's squares summed
+  // locally. The keys come from the names, not from which tensors are defined, so that every
+  // rank issues the same collectives.
+  using Key = std::pair<std::string, std::set<std::string>>;
+  std::map<Key, std::vector<at::Tensor>> by_cut;
   at::Device device = at::kCPU;
   for (const auto& [name, t] : tensors) {
     std::set<std::string> groups;
     auto it = layouts.find(name);
     if (it != layouts.end())
       for (const Cut& c : it->second.cuts) groups.insert(c.over);
-    std::vector<at::Tensor>& ts = by_cut[groups];
+    std::vector<at::Tensor>& ts = by_cut[{part_of(name), groups}];
     if (t.defined()) ts.push_back(t), device = t.device();
   }
-  if (by_cut.empty()) return 0;
+  std::vector<std::string> parts;
+  if (by_cut.empty()) return {parts, at::zeros({1}, at::kDouble)};
   std::vector<at::Tensor> sums;
-  for (auto& [groups, ts] : by_cut)
+  for (auto& [key, ts] : by_cut)
     sums.push_back(ts.empty() ? at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device))
                               : at::stack(at::_foreach_norm(ts, 2)).to(at::kDouble).square().sum().to(device));
   at::Tensor sq = at::stack(sums);
-  // Over each group some set is cut over, the sets cut over it are summed (the same order on
-  // every rank: the names, hence the sets, are the same everywhere).
+  // Over each group some key is cut over, the entries cut over it are summed (the same order on
+  // every rank: the names, hence the keys, are the same everywhere).
   std::set<std::string> every;
-  for (const auto& [groups, ts] : by_cut) every.insert(groups.begin(), groups.end());
+  for (const auto& [key, ts] : by_cut) every.insert(key.second.begin(), key.second.end());
   for (const std::string& g : every) {
     std::vector<int64_t> idx;
     int64_t k = 0;
-    for (const auto& [groups, ts] : by_cut) {
-      if (groups.count(g)) idx.push_back(k);
+    for (const auto& [key, ts] : by_cut) {
+      if (key.second.count(g)) idx.push_back(k);
       ++k;
     }
     at::Tensor where = at::tensor(idx, at::kLong).to(sq.device());
@@ -164,7 +177,25 @@ double global_norm(const TensorMap& tensors, const Layouts& layouts, const Mesh&
     mesh.group(g)->all_reduce(part, ReduceOp::Sum)->wait();
     sq.index_copy_(0, where, part);
   }
-  return std::sqrt(sq.sum().item<double>());
+  for (const auto& [key, ts] : by_cut) parts.push_back(key.first);
+  return {parts, sq.cpu()};
+}
+}  // namespace
+
+std::map<std::string, double> global_norms_by_part(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh,
+                                                   const std::function<std::string(const std::string&)>& part_of) {
+  auto [parts, sq] = reduced_squares(tensors, layouts, mesh, part_of);
+  std::map<std::string, double> out;
+  const double* v = sq.data_ptr<double>();
+  for (size_t k = 0; k < parts.size(); ++k) out[parts[k]] += v[k];
+  for (auto& [part, x] : out) x = std::sqrt(x);
+  return out;
+}
+
+double global_norm(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh) {
+  return std::sqrt(reduced_squares(tensors, layouts, mesh, [](const std::string&) { return std::string(); })
+                       .second.sum()
+                       .item<double>());
 }
 
 }  // namespace vidit

@@ -14,6 +14,7 @@
 // Training state keys name a parameter directly or behind a prefix ("exp_avg/<name>",
 // "exp_avg_sq/<name>"); state_param() is the one place that reads them.
 #pragma once
+#include <functional>
 #include <ATen/ATen.h>
 
 #include <map>
@@ -78,5 +79,13 @@ at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, const Mes
 // group their parameter is cut over, so each part counts once. Collective over the mesh; one
 // host synchronisation.
 double global_norm(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh);
+// The part of the model a parameter belongs to, for per-part gradient norms: "blocks.N" for a
+// block's, else its top-level module ("head", "patch_embedding", ...).
+std::string model_part(const std::string& param_name);
+// The same per part of the model: `part_of` names the part of each tensor (e.g. "blocks.3"), and
+// the result holds each part's norm. The same collectives as global_norm (one element more per
+// part), so it costs no extra round.
+std::map<std::string, double> global_norms_by_part(const TensorMap& tensors, const Layouts& layouts, const Mesh& mesh,
+                                                   const std::function<std::string(const std::string&)>& part_of);
 
 }  // namespace vidit

@@ -1,3 +1,4 @@
+#include <cmath>
 #include "parallel/parallel_model.h"
 
 #include <algorithm>
@@ -39,6 +40,10 @@ void ParallelModel::after_backward(bool last) {
   for (auto& s : syncs_) s->after_backward(last);
 }
 
+void ParallelModel::after_forward_only() {
+  for (auto& s : syncs_) s->after_forward_only();
+}
+
 double ParallelModel::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
   TensorMap grads;
@@ -47,7 +52,12 @@ double ParallelModel::clip_grad_norm(double max_norm) {
     grads[name] = p.grad();
     if (p.grad().defined()) defined.push_back(p.grad());
   }
-  const double total = global_norm(grads, layouts_, *mesh_);
+  // By part of the model (each block; the embeddings, the head), so that a spike's report can
+  // name the blocks whose gradients jumped; the same collectives as one global norm.
+  part_norms_ = global_norms_by_part(grads, layouts_, *mesh_, model_part);
+  double sq = 0;
+  for (const auto& [part, norm] : part_norms_) sq += norm * norm;
+  const double total = std::sqrt(sq);
   if (max_norm > 0 && total > max_norm && !defined.empty()) at::_foreach_mul_(defined, max_norm / (total + 1e-6));
   return total;
 }

@@ -32,6 +32,9 @@ class GradientSync {
   virtual ~GradientSync() = default;
   virtual void before_backward(bool last) {}
   virtual void after_backward(bool last) {}
+  // After a forward pass that has no backward (a re-run under no_grad): release what the
+  // backward would have released.
+  virtual void after_forward_only() {}
 };
 
 class ParallelModel {
@@ -52,6 +55,10 @@ class ParallelModel {
   // Scales the gradients so the global norm is at most max_norm (0: no clipping); returns the
   // norm before clipping. Collective.
   double clip_grad_norm(double max_norm);
+  // The norm of each part's gradient at the last clip_grad_norm ("blocks.3", "head", ...).
+  const std::map<std::string, double>& grad_norms_by_part() const { return part_norms_; }
+  // A forward pass without backward has ended (see GradientSync).
+  void after_forward_only();
 
   // Whole tensors from this rank's parts; keys are parameter names, possibly behind a prefix
   // ("exp_avg/<name>"), and other keys are copied as they are. Collective over the mesh.
@@ -84,6 +91,7 @@ class ParallelModel {
   TensorMap params_;
   Layouts layouts_;
   std::vector<std::unique_ptr<GradientSync>> syncs_;
+  std::map<std::string, double> part_norms_;
 };
 
 }  // namespace vidit

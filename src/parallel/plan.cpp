@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -32,7 +33,13 @@ StepPlan plan_step(const Config& cfg) {
   for (const auto& [name, shape] : parameter_shapes(m))
     whole[name] = at::empty(shape, at::TensorOptions().device(at::kMeta));
   double P = 0, kept = 0, root = 0, block = 0;
+  // The gradient norm (layout.h global_norms_by_part) all-reduces one double per (part of the
+  // model, set of groups cut over) over each group in the set: counted per group.
+  std::set<std::pair<std::string, std::set<std::string>>> norm_keys;
   for (const auto& [name, l] : planned_layouts(whole, p)) {
+    std::set<std::string> over;
+    for (const Cut& c : l.cuts) over.insert(c.over);
+    norm_keys.insert({model_part(name), over});
     size_t unflattened = 0;
     while (unflattened < l.cuts.size() && l.cuts[unflattened].kind != Cut::Kind::Flat) ++unflattened;
     auto numel = [](const std::vector<int64_t>& shape) {
@@ -51,6 +58,11 @@ StepPlan plan_step(const Config& cfg) {
   const double patch = double(m.patch[0] * m.patch[1] * m.patch[2]);
   const bool bf16 = cfg.train.precision == Precision::bf16;
 
+  auto norm_doubles = [&](const char* group) {
+    double n = 0;
+    for (const auto& key : norm_keys) n += key.second.count(group) ? 1 : 0;
+    return n;
+  };
   auto add = [&](const char* collective, const std::string& purpose, double bytes) {
     if (bytes <= 0) return;
     plan.by_collective[collective] += bytes;
@@ -80,9 +92,7 @@ StepPlan plan_step(const Config& cfg) {
     add("reduce_scatter", "FSDP gradients", A * spread(S, (p.reduce_dtype == Precision::bf16 ? 2 : 4) * P));
     add("all_reduce", "FSDP gradients over sp", A * all_reduce(sp, 4 * P / S));
     add("all_reduce", "HSDP gradients over replicate", A * all_reduce(R, 4 * P / S));
-    // The gradient norm (layout.h global_norm): one double per set of groups the parameters
-    // are cut over that holds "shard": {shard}, and {shard, tensor} under tensor parallel.
-    add("all_reduce", "bookkeeping", all_reduce(S, 8 * (p.tensor > 1 ? 2 : 1)));
+    add("all_reduce", "bookkeeping", all_reduce(S, 8 * norm_doubles("shard")));
   } else {
     add("all_reduce", "data-parallel gradients", all_reduce(dp * sp, 4 * P));
   }
@@ -93,7 +103,7 @@ StepPlan plan_step(const Config& cfg) {
     add("all_reduce", "bookkeeping", all_reduce(dp, 8));
     add("all_gather", "bookkeeping", spread(dp, dp * A * b * 3 * 8));
   }
-  add("all_reduce", "bookkeeping", all_reduce(T, 8));
+  add("all_reduce", "bookkeeping", all_reduce(T, 8 * norm_doubles("tensor")));
 
   // Heads and MLP units split over tensor: per block and micro-batch, forward sums the partial
   // outputs of both o projections and the MLP and the QK norms' sums of squares; backward sums

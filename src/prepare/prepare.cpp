@@ -124,6 +124,14 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
         s.text = captions(e.caption);
       }
       std::tie(s.mean, s.std) = encode(fit_to_bucket(v.frames, b));
+      // Fault injection (resilience/fault_injection.h): a sample whose latents are extreme but
+      // whose checksum is valid, as a broken encoder or a bad source would leave it.
+      if (cfg.faults.kind == FaultKind::poison_cache && !cfg.faults.sample.empty() &&
+          (cfg.faults.sample == key || cfg.faults.sample == std::filesystem::path(e.path).filename().string())) {
+        s.mean = s.mean * 1000;
+        std::fprintf(stderr, "fault injection: the cache entry of %s (%s) is written with its latents x 1000\n",
+                     e.path.c_str(), key.c_str());
+      }
       const double fps = v.fps > 0 ? v.fps : 0;
       s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
                 {"fps", fps}, {"frames", b.frames}, {"source_size", {v.width, v.height}}};

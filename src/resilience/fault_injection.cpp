@@ -95,6 +95,14 @@ bool FaultInjector::poison_sample(int64_t step) {
   return true;
 }
 
+bool FaultInjector::glitch(int64_t step) {
+  if (cfg_.kind != FaultKind::glitch || !mine(step)) return false;
+  fired_ = true;
+  std::fprintf(stderr, "fault injection: rank %d corrupts its first prediction of step %lld (x 100, once)\n", rank_,
+               (long long)step);
+  return true;
+}
+
 bool FaultInjector::poison_loss(int64_t step) {
   if (cfg_.kind != FaultKind::nan_grad || !mine(step)) return false;
   fired_ = true;

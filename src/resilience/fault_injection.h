@@ -13,6 +13,11 @@
 //    that update (train_step.cpp);
 //  - poison_sample: in step `faults.step`, its first sample's latents are multiplied by 1000
 //    (a sample with extreme values that passed every check: the spike detector blames it);
+//  - glitch: in step `faults.step`, its first sample's prediction is multiplied by 100, once (a
+//    transient error of the device: re-running the step does not reproduce it);
+//  - poison_cache: not in training but when the cache is prepared (prepare/prepare.cpp): the
+//    sample whose cache key or source file name is `faults.sample` is written with its latents
+//    x 1000 and a valid checksum, in every attempt (the data itself is bad);
 //  - while it writes its part of the checkpoint of step `faults.step`: disk_full, io_error,
 //    slow_storage, kill_in_save (faulty_storage.h);
 //  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
@@ -53,6 +58,8 @@ class FaultInjector {
   bool poison_loss(int64_t step);
   // In step `step`: true when this rank's first sample is to be poisoned (its latents x 1000).
   bool poison_sample(int64_t step);
+  // In step `step`: true when this rank's first prediction is to be corrupted (x 100), once.
+  bool glitch(int64_t step);
   // slow on this rank: the seconds it adds (vidit health adds them to its timed matmul); else 0.
   double slowdown_s() const { return on_ && cfg_.kind == FaultKind::slow && rank_ == int(cfg_.rank) ? cfg_.seconds : 0; }
   // In step `step` and every later one, during the forward pass: a slow device's compute.

@@ -2,7 +2,13 @@
 
 #include "resilience/run_lock.h"  // host_name
 
+#include <cxxabi.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +23,34 @@
 namespace vidit {
 
 namespace {
+// The main thread's stack, written by itself: the watchdog signals it (kStackSignal) and its
+// handler writes the raw frames to the file descriptor given, with backtrace_symbols_fd (no
+// allocation). The watchdog thread then demangles them.
+const int kStackSignal = SIGRTMIN + 2;
+std::atomic<int> g_stack_fd{-1};
+std::atomic<bool> g_stack_done{false};
+
+void write_own_stack(int) {
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  const int fd = g_stack_fd.load();
+  if (fd >= 0) ::backtrace_symbols_fd(frames, n, fd);
+  g_stack_done.store(true);
+}
+
+// "binary(mangled+0x1f) [0x...]" -> "demangled (binary)".
+std::string readable_frame(const std::string& line) {
+  const size_t open = line.find('('), plus = line.find('+', open == std::string::npos ? 0 : open);
+  if (open == std::string::npos || plus == std::string::npos || plus == open + 1) return line;
+  const std::string mangled = line.substr(open + 1, plus - open - 1);
+  int status = 0;
+  char* name = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name ? name : mangled;
+  std::free(name);
+  if (const size_t args = out.find('('); args != std::string::npos && args > 0) out.resize(args);  // the name alone
+  return out + "  (" + std::filesystem::path(line.substr(0, open)).filename().string() + ")";
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -24,8 +58,48 @@ int64_t now_ns() {
 }  // namespace
 
 Watchdog::Watchdog(double timeout_s, int rank, double stall_steps, double min_s)
-    : timeout_s_(timeout_s), stall_steps_(stall_steps), min_s_(min_s), rank_(rank), last_ns_(now_ns()) {
-  if (timeout_s_ > 0) thread_ = std::thread([this] { watch(); });
+    : timeout_s_(timeout_s), stall_steps_(stall_steps), min_s_(min_s), rank_(rank), last_ns_(now_ns()),
+      main_(::pthread_self()) {
+  if (timeout_s_ <= 0) return;
+  // backtrace() loads its unwinder on first use: done here, not inside a signal handler.
+  void* frame[1];
+  ::backtrace(frame, 1);
+  struct sigaction sa {};
+  sa.sa_handler = write_own_stack;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(kStackSignal, &sa, nullptr);
+  thread_ = std::thread([this] { watch(); });
+}
+
+std::string Watchdog::dump_main_stack() {  // with mu_ held
+  if (dir_.empty()) return "";
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.stack", rank_);
+  const std::string path = dir_ + "/" + name;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return "";
+  g_stack_done.store(false);
+  g_stack_fd.store(fd);
+  ::pthread_kill(main_, kStackSignal);
+  for (int i = 0; i < 100 && !g_stack_done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  g_stack_fd.store(-1);
+  ::close(fd);
+  // The file again, readable: the frames below the handler and the signal trampoline (the first
+  // two), demangled.
+  std::ifstream in(path);
+  std::vector<std::string> frames;
+  int skip = 2;
+  for (std::string line; std::getline(in, line);)
+    if (skip-- <= 0) frames.push_back(readable_frame(line));
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  std::string first;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    out << "#" << i << " " << frames[i] << "\n";
+    if (i < 12) first += "\n    #" + std::to_string(i) + " " + frames[i];
+  }
+  return frames.empty() ? "" : "its main thread's stack (" + path + "):" + first;
 }
 
 Watchdog::~Watchdog() {
@@ -128,6 +202,7 @@ void Watchdog::watch() {
     // The others' heartbeats are at most a second old: wait for one more round of them.
     cv_.wait_for(lock, std::chrono::milliseconds(1500), [this] { return done_; });
     if (done_) return;
+    const std::string stack = dump_main_stack();
     const std::string others = who_did_not_arrive();
     std::fprintf(stderr,
                  "watchdog: rank %d on %s (pid %d) made no progress for %.0f s (limit %.0f s) while %s (after step "
@@ -136,6 +211,7 @@ void Watchdog::watch() {
                  "take this long\n",
                  rank_, host_name().c_str(), int(::getpid()), idle, limit, phase_.load(), (long long)step_.load(),
                  others.empty() ? "" : "; ", others.c_str(), kStallStatus);
+    if (!stack.empty()) std::fprintf(stderr, "watchdog: rank %d: %s\n", rank_, stack.c_str());
     std::fflush(nullptr);
     if (on_stall_) on_stall_(others);
     std::_Exit(kStallStatus);

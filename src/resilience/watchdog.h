@@ -17,8 +17,13 @@
 // stuck still reports). When a watchdog fires it reads every rank's heartbeat and names the
 // ranks that did not arrive: those that entered fewer collectives than the others (every rank
 // of the job enters the same sequence), with their host, pid, phase and step, or says that all
-// entered the same number (they wait on each other, or on the network or file system).
+// entered the same number (they wait on each other, or on the network or file system). Before it
+// ends the process, it has the main thread write its own stack (a signal handler) to
+// <dir>/rank_NNNNN.stack and prints its first frames: where the rank is stuck (in which
+// collective, which file operation).
 #pragma once
+#include <pthread.h>
+
 #include <functional>
 #include <string>
 #include <atomic>
@@ -56,6 +61,9 @@ class Watchdog {
   void watch();
   void write_heartbeat();
   std::string who_did_not_arrive() const;
+  // Has the main thread (the one that made the watchdog) write its stack to
+  // <dir>/rank_NNNNN.stack; returns its first frames for the report ("" when none).
+  std::string dump_main_stack();
   const double timeout_s_, stall_steps_, min_s_;
   const int rank_;
   std::atomic<double> step_s_{0};
@@ -70,6 +78,7 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  pthread_t main_;
   std::thread thread_;
 };
 

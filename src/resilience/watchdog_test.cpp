@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 
 #include "../../tests/test_util.h"
 #include "parallel/mpi_test_util.h"
@@ -36,6 +38,13 @@ TEST(Watchdog, HangEndsSoonAndNamesTheRankThatDidNotArrive) {
       << run.output;
   EXPECT_TRUE(std::filesystem::exists(dir / "heartbeats/rank_00000.json"));
   EXPECT_TRUE(std::filesystem::exists(dir / "heartbeats/rank_00001.json"));
+  // Each rank's main thread wrote where it was: the hung one in the fault's sleep, called from
+  // the training loop.
+  std::ifstream stack(dir / "heartbeats/rank_00001.stack");
+  const std::string frames((std::istreambuf_iterator<char>(stack)), std::istreambuf_iterator<char>());
+  EXPECT_NE(frames.find("vidit::FaultInjector::after_step"), std::string::npos) << frames;
+  EXPECT_NE(frames.find("vidit::Trainer::fit"), std::string::npos) << frames;
+  EXPECT_NE(run.output.find("rank 1: its main thread's stack"), std::string::npos) << run.output;
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // micro-batches (data, flow-matching noising, caption dropout, forward under autocast, loss
 // weighted by the rank's share of the samples, backward with the parallel model's gradient
 // reductions around it) -> global totals -> clip (global norm from the layouts) -> AdamW ->
-// EMA, or no update when the gradient norm is not finite (or the step spiked, if so configured). The phases are slices of the trace (core/trace.h) when one is recorded.
+// EMA, or no update when the gradient norm is not finite (or the step spiked, if so configured:
+// spike_response.cpp). The phases are slices of the trace (core/trace.h) when one is recorded.
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -21,12 +22,14 @@ StepResult Trainer::step() {
   const double wait0 = mesh_->comm_times().wait_s();
   const auto& tc = cfg_.train;
   watchdog_->beat("training", step_);
-  const double lr = learning_rate(step_, tc.steps, tc.lr, tc.warmup_steps, tc.schedule, tc.min_lr_ratio);
+  // (lr_scale_: the back-off after rollbacks, train.rollback_lr_scale.)
+  const double lr = lr_scale_ * learning_rate(step_, tc.steps, tc.lr, tc.warmup_steps, tc.schedule, tc.min_lr_ratio);
 
   for (const auto& [name, p] : pm_->params()) at::Tensor(p).mutable_grad() = at::Tensor();
   double loss_sum = 0, flops = 0, data_wait = 0;
   int64_t samples = 0, tokens = 0;
   StepSamples mine;  // each real sample's own loss, sigma and identity (spike detection)
+  std::vector<Replay> replay;  // the micro-batches' inputs, for a re-run of a spike
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     // Data: clean latents x0 and text embeddings for this micro-batch. Every data-parallel rank
     // takes one batch per micro-batch, and its loss is weighted by its share of the samples of
@@ -83,16 +86,18 @@ StepResult Trainer::step() {
       AutocastGuard autocast(tc.precision, device_.type());
       pred = pm_->model()->forward(fs.x_t, fs.timestep, dev(text));
       faults_.slow_compute(step_ + 1);
+      if (B > 0 && faults_.glitch(step_ + 1)) pred = pred * at::where(at::arange(pred.size(0), pred.options()) == 0, 100.0, 1.0)
+                                                                .view({-1, 1, 1, 1, 1});
     }
     at::Tensor loss = flow_loss(pred, fs.target);
-    if (B > 0 && tc.spike_action != SpikeAction::off) {
-      at::NoGradGuard ng;
-      const at::Tensor own = (pred.detach().to(at::kFloat) - fs.target.to(at::kFloat)).pow(2).flatten(1).mean(1).cpu();
-      const at::Tensor sig = sigma.to(at::kDouble).cpu();
+    if (tc.spike_action != SpikeAction::off) {
+      const std::vector<double> own = sample_losses(pred, fs.target, B);
+      const at::Tensor sig = sigma.to(at::kDouble).cpu().contiguous();
       for (int64_t i = 0; i < B; ++i) {
-        mine.loss.push_back(own[i].item<double>()), mine.sigma.push_back(sig[i].item<double>());
+        mine.loss.push_back(own[size_t(i)]), mine.sigma.push_back(sig.data_ptr<double>()[i]);
         mine.ids.push_back(size_t(i) < mb.ids.size() ? mb.ids[size_t(i)] : "null");
       }
+      if (tc.spike_rerun) replay.push_back({fs.x_t, fs.timestep, dev(text), fs.target, B});
     }
     if (share != 1) loss = loss * share;
     if (faults_.poison_loss(step_ + 1)) loss = loss * std::numeric_limits<double>::quiet_NaN();
@@ -127,8 +132,11 @@ StepResult Trainer::step() {
   // skipped instead. The norm is global, so every rank decides the same.
   // A spike (diagnose/spike_detector.h: the loss against its per-sigma baseline, or the norm
   // against its own) is reported with its samples, and skipped when train.spike_action = "skip".
-  const SpikeVerdict spike = tc.spike_action == SpikeAction::off ? SpikeVerdict{} : judge_spike(mine, grad_norm, step_ + 1);
-  const bool skipped = !std::isfinite(grad_norm) || (spike.spike && tc.spike_action == SpikeAction::skip);
+  // With "rollback", fit() then returns to the newest checkpoint, the blamed samples quarantined.
+  const SpikeResponse response =
+      tc.spike_action == SpikeAction::off ? SpikeResponse{} : judge_spike(mine, replay, grad_norm, step_ + 1);
+  const SpikeVerdict& spike = response.verdict;
+  const bool skipped = !std::isfinite(grad_norm) || (spike.spike && tc.spike_action != SpikeAction::log);
   if (skipped) {
     ++skipped_in_a_row_;
     VIDIT_CHECK(skipped_in_a_row_ <= tc.max_skipped_steps, "training diverged at step ", step_ + 1, ": ",
@@ -145,7 +153,7 @@ StepResult Trainer::step() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double wait = mesh_->comm_times().wait_s() - wait0;
   return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped, spike.spike,
-          spike.loss_z};
+          spike.loss_z, response.rollback};
 }
 
 }  // namespace vidit

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <chrono>
 #include <filesystem>
@@ -79,6 +80,10 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                                  pm_->whole_shapes());
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(pm_->params(), cfg.train.ema_decay);
   hosts_ = gather_hosts(*mesh_->world());
+  // What earlier attempts of this run quarantined is never handed out again.
+  quarantine_ = std::make_unique<Quarantine>(cfg.train.out_dir, cfg.train.quarantine_after);
+  data_->skip(quarantine_->quarantined());
+  lr_scale_ = std::pow(cfg.train.rollback_lr_scale, double(quarantine_->rollbacks()));
 }
 
 EventLog& Trainer::events() {
@@ -308,63 +313,6 @@ void Trainer::find_slowest(const StepResult& r, StepMetrics& m) {
   }
 }
 
-SpikeVerdict Trainer::judge_spike(const StepSamples& mine, double grad_norm, int64_t step) {
-  // Every sample of the global batch, once: gathered over "dp" (the members of an sp or tensor
-  // group hold the same samples), padded to the largest count. Columns: loss, sigma, rank.
-  const auto& dp = mesh_->group("dp");
-  const int64_t n = int64_t(mine.loss.size());
-  at::Tensor cap = at::tensor({double(n)}, at::kDouble);
-  dp->all_reduce(cap, ReduceOp::Max)->wait();
-  const int64_t c = int64_t(cap.item<double>());
-  if (c == 0) return {};
-  at::Tensor rows = at::full({c, 3}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
-  for (int64_t i = 0; i < n; ++i) {
-    rows[i][0] = mine.loss[size_t(i)], rows[i][1] = mine.sigma[size_t(i)], rows[i][2] = double(mesh_->rank());
-  }
-  at::Tensor all = at::empty({dp->size() * c * 3}, at::kDouble);
-  dp->all_gather(rows.view(-1), all)->wait();
-  const double* a = all.data_ptr<double>();
-  std::vector<SampleLoss> samples;
-  std::vector<StepSample> who;
-  std::vector<int64_t> slot;  // position of each sample in the gathered rows
-  for (int64_t i = 0; i < dp->size() * c; ++i) {
-    if (std::isnan(a[3 * i + 1])) continue;  // padding
-    samples.push_back({a[3 * i + 1], a[3 * i]});
-    who.push_back({nullptr, int(a[3 * i + 2]), a[3 * i + 1], a[3 * i]});
-    slot.push_back(i);
-  }
-  SpikeVerdict v = spikes_.observe(samples, grad_norm);
-  if (!v.spike) return v;
-  // A spike: who the samples are (512 bytes of each id, gathered only now).
-  constexpr int64_t kIdBytes = 512;
-  at::Tensor ids = at::zeros({c, kIdBytes / 8}, at::kLong);
-  for (int64_t i = 0; i < n && size_t(i) < mine.ids.size(); ++i)
-    std::memcpy(static_cast<char*>(ids.data_ptr()) + i * kIdBytes, mine.ids[size_t(i)].data(),
-                std::min<size_t>(mine.ids[size_t(i)].size(), kIdBytes - 1));
-  at::Tensor all_ids = at::empty({dp->size() * c * (kIdBytes / 8)}, at::kLong);
-  dp->all_gather(ids.view(-1), all_ids)->wait();
-  if (!is_lead()) return v;
-  const char* bytes = static_cast<const char*>(all_ids.data_ptr());
-  for (size_t k = 0; k < who.size(); ++k) {
-    const char* id = bytes + slot[k] * kIdBytes;
-    who[k].id = nlohmann::json::parse(std::string(id, strnlen(id, kIdBytes)), nullptr, /*allow_exceptions=*/false);
-  }
-  const std::string action = name_of(cfg_.train.spike_action);
-  const std::string path =
-      write_forensics(cfg_.train.out_dir, step, v, who, grad_norm, cfg_.train.spike_z, action, hosts_);
-  const nlohmann::json report = nlohmann::json::parse(std::ifstream(path));
-  const std::string blamed = describe_blamed(report);
-  std::fprintf(stderr, "spike at step %lld: the %s %s %.1f spreads above its baseline (loss z %.1f, gradient z %.1f); "
-                       "blamed: %s; %s; forensics in %s\n",
-               (long long)step, v.why.c_str(), v.why.find(" and ") != std::string::npos ? "are" : "is",
-               std::max(v.loss_z, v.grad_z), v.loss_z, v.grad_z, blamed.c_str(),
-               cfg_.train.spike_action == SpikeAction::skip ? "the update is skipped" : "training goes on",
-               path.c_str());
-  events().write("spike", step, {{"why", v.why}, {"loss_z", v.loss_z}, {"grad_z", v.grad_z}, {"action", action},
-                                 {"blamed", report.at("blamed")}, {"forensics", path}});
-  return v;
-}
-
 double Trainer::batch_share(const MicroBatch& mb) const {
   const auto& dp = mesh_->group("dp");
   const double mine = double(mb.latents.size(0));
@@ -468,6 +416,11 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       events().write("skipped_update", r.step, {{"why", r.spike ? "spike" : "non-finite gradient norm"},
                                                 {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
                                                 {"in_a_row", skipped_in_a_row_}});
+    // spike_response.cpp: back to the newest good checkpoint, and on from there.
+    if (r.rollback && roll_back(r.step)) {
+      if (logger) logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", true, console, step_);
+      continue;
+    }
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m;
       m.step = r.step, m.total_steps = total, m.loss = r.loss, m.grad_norm = r.grad_norm, m.lr = r.lr;

@@ -24,6 +24,7 @@
 
 #include "core/config.h"
 #include "diagnose/events.h"
+#include "diagnose/quarantine.h"
 #include "diagnose/spike_detector.h"
 #include "diagnose/stragglers.h"
 #include "loader/batch_source.h"
@@ -55,6 +56,7 @@ struct StepResult {
   bool skipped = false;     // no update was made: the gradient norm was not finite, or a spike was skipped
   bool spike = false;       // the loss or gradient norm spiked (diagnose/spike_detector.h)
   double loss_z = 0;        // the step's loss against its per-sigma baseline, in spreads
+  bool rollback = false;    // the spike asks for a rollback (train.spike_action = "rollback"); fit() does it
 };
 
 class Trainer {
@@ -162,8 +164,28 @@ class Trainer {
     std::vector<double> loss, sigma;
     std::vector<std::string> ids;
   };
+  // What a re-run of the step's forward passes needs (train.spike_rerun): each micro-batch's
+  // inputs and target as the model saw them, and how many of its rows are real samples.
+  struct Replay {
+    at::Tensor x_t, timestep, text, target;
+    int64_t samples = 0;
+  };
   SpikeDetector spikes_;
-  SpikeVerdict judge_spike(const StepSamples& mine, double grad_norm, int64_t step);
+  // See spike_response.cpp: judges the step; a spike is re-run, reported, and its samples blamed.
+  struct SpikeResponse {
+    SpikeVerdict verdict;
+    bool rollback = false;
+  };
+  SpikeResponse judge_spike(const StepSamples& mine, const std::vector<Replay>& replay, double grad_norm, int64_t step);
+  // This rank's per-sample losses of the replayed micro-batches (collective: every rank re-runs).
+  std::vector<double> rerun(const std::vector<Replay>& replay);
+  // Back to the newest good checkpoint after a spike at `step` (fit(); collective); false when
+  // there is none yet (the step's update was skipped, and training goes on).
+  bool roll_back(int64_t step);
+  // Samples skipped from now on, and the rollbacks so far (diagnose/quarantine.h); the learning
+  // rate's factor after them (train.rollback_lr_scale per rollback).
+  std::unique_ptr<Quarantine> quarantine_;
+  double lr_scale_ = 1;
   void check_replicas_or_stop();
 };
 

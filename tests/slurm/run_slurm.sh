@@ -4,7 +4,8 @@
 # 2 tasks (FSDP), and the USR1 Slurm sends before a time limit (sent at once with
 # `scancel --signal=USR1 --batch`, since slurmctld checks --signal only every 30 s). The job must
 # save, exit 75, requeue itself, resume in attempt 1 (SLURM_RESTART_COUNT) and finish with a
-# state equal, bit for bit, to an uninterrupted run of the same mesh.
+# state equal, bit for bit, to an uninterrupted run of the same mesh. Then a job whose node fails
+# the pre-flight checks must put the node on the exclude list and submit itself again without it.
 #   bash tests/slurm/run_slurm.sh [path/to/vidit]
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -55,7 +56,7 @@ mpirun --oversubscribe --bind-to none -np 2 "$VIDIT" train -c "$W/tiny.toml" --s
 bash "$HERE/start_cluster.sh" >"$W/cluster.log" 2>&1 || { cat "$W/cluster.log"; exit 1; }
 # Slow steps (0.5 s more on rank 0, in the first attempt only) leave time to preempt it.
 JOB=$(cd "$ROOT" && sbatch --parsable --nodes=1 --ntasks=2 --output="$W/job.out" \
-  --export=ALL,VIDIT="$VIDIT",VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/run faults.kind=slow faults.step=1 faults.seconds=0.5" \
+  --export=ALL,VIDIT="$VIDIT",VIDIT_HEALTH=0,VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/run faults.kind=slow faults.step=1 faults.seconds=0.5" \
   scripts/slurm/vidit.sbatch) || fail "sbatch"
 echo "run_slurm: job $JOB submitted"
 state() { scontrol show job "$JOB" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
@@ -87,9 +88,24 @@ steps=$(sed -n 's/.*"step":\([0-9]*\).*/\1/p' "$W/run/metrics.jsonl" | tr '\n' '
 equal=no
 "$VIDIT" checkpoint compare "$W/run/checkpoints/step_00000008" "$W/straight/checkpoints/step_00000008" >"$W/compare.log" 2>&1 && equal=yes
 [ "$equal" = yes ] || { ok=no; note="$note not equal"; }
+# The pre-flight: a job whose node fails vidit health (its rank 0 computes slowly: the slow
+# fault) adds the node to the exclude list and submits itself again without it; with one node,
+# the new job waits, excluded from the only node.
+HJOB=$(cd "$ROOT" && sbatch --parsable --nodes=1 --ntasks=2 --output="$W/health.out" \
+  --export=ALL,VIDIT="$VIDIT",VIDIT_EXCLUDE="$W/exclude.txt",VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/unhealthy faults.kind=slow faults.seconds=1" \
+  scripts/slurm/vidit.sbatch) || fail "sbatch (health)"
+for _ in $(seq 600); do grep -q "resubmitted as job" "$W/health.out" 2>/dev/null && break; sleep 0.2; done
+node=$(sed -n 1p "$W/exclude.txt" 2>/dev/null)
+next=$(sed -n 's/.*resubmitted as job \([0-9]*\).*/\1/p' "$W/health.out")
+excluded=no
+[ -n "$next" ] && [ -n "$node" ] && scontrol show job "$next" | grep -q "ExcNodeList=$node" && excluded=yes
+[ -f "$W/unhealthy/metrics.jsonl" ] && { ok=no; note="$note trained on an unhealthy node"; }
+[ "$excluded" = yes ] || { ok=no; note="$note unhealthy node not excluded"; cat "$W/health.out"; }
+[ -n "$next" ] && scancel "$next"
 bash "$HERE/stop_cluster.sh" >/dev/null 2>&1
 echo "| case | survived | requeues | resumed from | preempt to done s | equal to uninterrupted | notes |"
 echo "|---|---|---|---|---|---|---|"
 echo "| slurm_usr1_requeue | $ok | $restarts | ${resumed:-?} | $(awk "BEGIN { printf \"%.1f\", $T1 - $T0 }") | $equal | $note |"
+echo "| slurm_unhealthy_node_excluded | $excluded | - | - | - | - | node $node excluded from job $next |"
 [ "$ok" = yes ] || { echo "run_slurm: FAILED (logs in $W)"; exit 1; }
 echo "run_slurm: passed (logs in $W)"

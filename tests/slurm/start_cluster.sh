@@ -77,7 +77,10 @@ OverTimeLimit=0
 SlurmdTimeout=60
 SlurmctldTimeout=60
 $NODELINE State=UNKNOWN
-PartitionName=debug Nodes=$H Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+# A second node that never comes up: a job that excludes this host (the pre-flight check's
+# exclude list) is accepted and waits, as it would for the other nodes of a real cluster.
+$(echo "$NODELINE" | sed "s/NodeName=[^ ]*/NodeName=vidit-spare NodeAddr=127.0.0.2/") State=DRAIN Reason=never-started
+PartitionName=debug Nodes=$H,vidit-spare Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 # no cgroup.conf needed (no cgroup plugins used)
 

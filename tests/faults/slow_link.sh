@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A slow link and a host with a slow network, between real "hosts": four network namespaces, each
+# with its own hostname (a UTS namespace) that resolves to its own address (/etc/netns/<ns>/hosts,
+# which `ip netns exec` mounts over /etc/hosts), and a veth pair to every other one, so that each
+# pair of hosts talks over its own link. tc slows one link (netem delay and rate where the kernel
+# has it, else a tbf rate limit), then every link of one host. `vidit health --checks network` runs one rank per host (the
+# torchrun environment; gloo binds to the address its hostname resolves to) and must name the slow pair in the
+# first case and exclude the host in the second.
+#
+# usage: tests/faults/slow_link.sh path/to/vidit
+# Needs root, ip, tc and unshare; exits 77 (skipped) without them.
+set -uo pipefail
+VIDIT=$(realpath "$1")
+HOSTS=4
+TAG=vl$$
+fail() { echo "FAIL: $*"; exit 1; }
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null; then
+  echo "skipped: needs root, ip, tc and unshare"; exit 77
+fi
+ns() { echo "${TAG}h$1"; }
+cleanup() { for i in $(seq 0 $((HOSTS - 1))); do ip netns del "$(ns "$i")" 2>/dev/null; rm -rf "/etc/netns/$(ns "$i")"; done; }
+trap cleanup EXIT
+
+addr() { echo "10.201.0.$(($1 + 1))"; }
+for i in $(seq 0 $((HOSTS - 1))); do
+  ip netns add "$(ns "$i")" || { echo "skipped: cannot make network namespaces"; exit 77; }
+  ip -n "$(ns "$i")" link set lo up
+  ip -n "$(ns "$i")" addr add "$(addr "$i")/32" dev lo
+  mkdir -p "/etc/netns/$(ns "$i")"
+  printf '127.0.0.1 localhost\n%s node%s\n' "$(addr "$i")" "$i" >"/etc/netns/$(ns "$i")/hosts"
+  ip netns exec "$(ns "$i")" sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+done
+# One veth pair per pair of hosts (v<i><j> in host i), and a route to the other's address over it.
+for i in $(seq 0 $((HOSTS - 1))); do
+  for j in $(seq $((i + 1)) $((HOSTS - 1))); do
+    ip link add "v$i$j" netns "$(ns "$i")" type veth peer name "v$j$i" netns "$(ns "$j")"
+    ip -n "$(ns "$i")" link set "v$i$j" up
+    ip -n "$(ns "$j")" link set "v$j$i" up
+    ip -n "$(ns "$i")" route add "$(addr "$j")/32" dev "v$i$j" src "$(addr "$i")"
+    ip -n "$(ns "$j")" route add "$(addr "$i")/32" dev "v$j$i" src "$(addr "$j")"
+  done
+done
+# slow i j: both directions of the link between hosts i and j.
+SLOW="netem delay 4ms rate 200mbit"
+slow() {
+  tc -n "$(ns "$1")" qdisc replace dev "v$1$2" root $SLOW 2>/dev/null || {
+    SLOW="tbf rate 200mbit burst 64kb latency 100ms"
+    tc -n "$(ns "$1")" qdisc replace dev "v$1$2" root $SLOW || { echo "skipped: tc has neither netem nor tbf"; exit 77; }
+  }
+  tc -n "$(ns "$2")" qdisc replace dev "v$2$1" root $SLOW
+}
+fast() { tc -n "$(ns "$1")" qdisc del dev "v$1$2" root 2>/dev/null; tc -n "$(ns "$2")" qdisc del dev "v$2$1" root 2>/dev/null; }
+
+OUT=$(mktemp -d)
+run() {  # run NAME: one rank per host; rank 0's output in $OUT/NAME.0
+  local port=$((20000 + RANDOM % 20000)) pids=()
+  for i in $(seq 0 $((HOSTS - 1))); do
+    ip netns exec "$(ns "$i")" unshare --uts sh -c "hostname node$i && exec env RANK=$i WORLD_SIZE=$HOSTS LOCAL_RANK=0 \
+      LOCAL_WORLD_SIZE=1 MASTER_ADDR=$(addr 0) MASTER_PORT=$port VIDIT_COMM=gloo \
+      timeout 120 $VIDIT health --checks network --exclude-file $OUT/$1.exclude --set train.threads=1 \
+      train.out_dir=$OUT/$1" >"$OUT/$1.$i" 2>&1 &
+    pids+=($!)
+  done
+  local status=0
+  for p in "${pids[@]}"; do wait "$p" || status=$?; done
+  echo "--- $1 (exit $status)"; cat "$OUT/$1.0"
+  return "$status"
+}
+
+# 1. The link between node0 and node1 is slow: named, nobody excluded.
+slow 0 1
+echo "slow links: tc qdisc $SLOW"
+run slow_link; s=$?
+[ $s = 0 ] || fail "a slow link alone must not make a host unhealthy (exit $s)"
+grep -q "slow link: node0 - node1" "$OUT/slow_link.0" || fail "the slow pair node0 - node1 is not named"
+[ "$(grep -c 'slow link:' "$OUT/slow_link.0")" = 1 ] || fail "another pair was named slow"
+fast 0 1
+
+# 2. Every link of node2 is slow (its network): node2 is unhealthy and excluded; no link is blamed.
+for j in 0 1 3; do slow 2 $j; done
+run slow_host; s=$?
+[ $s = 3 ] || fail "a host with a slow network must make vidit health exit 3 (exit $s)"
+grep -q "unhealthy: node2;" "$OUT/slow_host.0" || fail "node2 is not named unhealthy"
+[ "$(cat "$OUT/slow_host.exclude")" = node2 ] || fail "the exclude list is not just node2: $(cat "$OUT/slow_host.exclude")"
+grep -q "slow link:" "$OUT/slow_host.0" && fail "a link was blamed for node2's network"
+echo "slow_link: PASS"
+rm -rf "$OUT"

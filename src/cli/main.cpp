@@ -27,6 +27,7 @@
 #include "parallel/comm.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
+#include "diagnose/crashes.h"
 #include "diagnose/doctor.h"
 #include "diagnose/health.h"
 #include "diagnose/rank_hosts.h"
@@ -114,7 +115,7 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
   if (world.rank() == 0) {
     std::printf("vidit health: %d rank(s) on %zu host(s), %s\n%s", world.size(),
                 std::set<std::string>(hosts.begin(), hosts.end()).size(), device.str().c_str(), r.table.c_str());
-    if (exclude_file.empty()) exclude_file = cfg.train.out_dir + "/exclude_hosts.txt";
+    if (exclude_file.empty()) exclude_file = exclude_list_path(cfg.train);
     for (const auto& link : r.slow_links)
       std::printf("slow link: %s (their all-reduce is below %.0f%% of the median pair, while each host is fine with "
                   "its other neighbour): check the cables, ports or switch between them\n",
@@ -151,7 +152,8 @@ void set_aside_previous_run(const std::string& out_dir) {
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "previous-%Y%m%d-%H%M%S", std::gmtime(&now));
   const fs::path aside = fs::path(out_dir) / stamp;
-  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "forensics", "quarantine.json"}) {
+  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "forensics", "quarantine.json",
+                           "heartbeats", "heartbeats.previous"}) {
     if (!fs::exists(fs::path(out_dir) / name)) continue;
     fs::create_directories(aside);
     fs::rename(fs::path(out_dir) / name, aside / name);
@@ -232,6 +234,12 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     trainer.events().write(trainer.steps_done() > 0 ? "resumed" : "started", trainer.steps_done(),
                            {{"attempt", launcher_attempt()}, {"world", env.world}, {"launcher", env.launcher},
                             {"backend", mesh->world()->backend()}, {"hosts", hosts}, {"rank_hosts", trainer.hosts()}});
+    // The ranks the previous attempt lost without a word, and hosts that keep losing them
+    // (diagnose/crashes.h), read before this attempt's heartbeats replace theirs.
+    if (lead)
+      note_crashes(cfg.train.out_dir, trainer.events(), trainer.steps_done(), cfg.train.exclude_after_crashes,
+                   exclude_list_path(cfg.train));
+    mesh->world()->barrier();
   }
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps);

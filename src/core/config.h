@@ -191,6 +191,14 @@ using NumList = std::vector<double>;
   KEY(double, straggler_threshold, 0.7, below_one,                                                    \
       "a rank whose score (median busy time over ranks / its own) stays below this is a straggler")    \
   KEY(int64_t, straggler_patience, 3, positive, "logged steps in a row below the threshold before it is reported") \
+  KEY(int64_t, straggler_exclude_steps, 50, non_negative,                                             \
+      "logged steps in a row a rank stays a straggler before its host goes to the exclude list; 0: never") \
+  KEY(int64_t, exclude_after_crashes, 2, non_negative,                                               \
+      "attempts a host's rank died in (no exit, no signal: killed, crashed) before it goes to the exclude " \
+      "list; 0: never")                                                                                \
+  KEY(std::string, exclude_file, "", any,                                                             \
+      "the exclude list of hosts (train.preflight, stragglers, crashes; one name per line, for srun / "  \
+      "sbatch --exclude); \"\": <out_dir>/exclude_hosts.txt")                                             \
   KEY(double, stall_timeout_s, 1800.0, non_negative,                                                   \
       "a rank that makes no progress (no step, no load) for this long ends itself (exit 86); 0: off")   \
   KEY(double, stall_steps, 20.0, non_negative,                                                         \

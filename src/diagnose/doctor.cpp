@@ -82,6 +82,13 @@ std::string doctor_report(const std::string& run_dir) {
       const auto q = e.value("quarantined", nlohmann::json::array());
       if (!q.empty()) out << "; quarantined " << q.dump();
       out << "; " << e.value("forensics", "") << "\n";
+    } else if (kind == "crashed") {
+      out << "  step " << step << ": the attempt before lost rank " << e.value("rank", -1) << " (" << e.value("host", "")
+          << ") without a word while " << e.value("phase", "") << " after step " << e.value("at_step", int64_t(0)) << "\n";
+      ++suspects[e.value("host", "")]["lost rank"];
+    } else if (kind == "excluded") {
+      out << "  step " << step << ": host " << e.value("host", "") << " added to the exclude list (" << e.value("why", "")
+          << ")\n";
     } else if (kind == "rollback") {
       out << "  step " << step << ": rolled back to step " << e.value("to", int64_t(0)) << " (rollback "
           << e.value("rollbacks", 0) << ", learning rate x " << fmt("%.3g", e.value("lr_scale", 1.0)) << ")\n";

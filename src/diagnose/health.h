@@ -20,6 +20,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/config.h"
 #include "parallel/comm.h"
 
 namespace vidit {
@@ -66,6 +67,11 @@ struct HealthReport {
 
 // Collective over `world`; every rank returns the same report. `hosts`: gather_hosts().
 HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, const HealthOptions& o);
+
+// The run's exclude list: train.exclude_file, else <out_dir>/exclude_hosts.txt.
+inline std::string exclude_list_path(const TrainConfig& t) {
+  return t.exclude_file.empty() ? t.out_dir + "/exclude_hosts.txt" : t.exclude_file;
+}
 
 // Adds `hosts` to the list in `path` (created if missing); returns the whole list.
 std::vector<std::string> add_to_exclude_list(const std::string& path, const std::vector<std::string>& hosts);

@@ -45,6 +45,8 @@ class StragglerDetector {
   const std::vector<RankScore>& scores() const { return scores_; }
   double median_busy_s() const { return median_; }
   bool straggling(int rank) const { return size_t(rank) < straggling_.size() && straggling_[size_t(rank)]; }
+  // Logged steps in a row the rank has been below the threshold.
+  int64_t below(int rank) const { return size_t(rank) < below_.size() ? below_[size_t(rank)] : 0; }
 
  private:
   double threshold_;

@@ -50,7 +50,7 @@ TEST(Stragglers, SlowRankIsNamedWithItsHost) {
   // Rank 1's forward pass takes 0.15 s longer from step 2 on: several times the tiny step.
   auto run = test::mpirun(2, std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
                                  " train.steps=8 parallel.shard=2 faults.kind=slow faults.step=2 faults.rank=1 "
-                                 "faults.seconds=0.15",
+                                 "faults.seconds=0.15 train.straggler_exclude_steps=6",
                           180);
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("straggler: rank 1 (" + host_name() + ") has computed"), std::string::npos) << run.output;
@@ -73,6 +73,19 @@ TEST(Stragglers, SlowRankIsNamedWithItsHost) {
     EXPECT_EQ(j.at("slowest_host"), host_name()) << line;
     EXPECT_LT(double(j.at("slowest_score")), 0.7) << line;
   }
+  // A straggler for train.straggler_exclude_steps = 6 logged steps (steps 2 to 7): its host is
+  // on the exclude list, once.
+  std::ifstream list(dir / "exclude_hosts.txt");
+  std::vector<std::string> hosts;
+  for (std::string line; std::getline(list, line);) hosts.push_back(line);
+  EXPECT_EQ(hosts, std::vector<std::string>{host_name()});
+  int excluded = 0;
+  for (const auto& e : read_events(dir.path()))
+    if (e.at("event") == "excluded") {
+      ++excluded;
+      EXPECT_EQ(e.at("step"), 7) << e.dump();
+    }
+  EXPECT_EQ(excluded, 1);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // returns, and `vidit train` exits with kRestartStatus: "stopped cleanly, restart me". A second
 // SIGINT ends the process at once.
 #pragma once
+#include <string>
 
 namespace vidit {
 
@@ -16,5 +17,8 @@ bool stop_requested();
 void request_stop();
 // The signal that asked, or 0.
 int stop_signal();
+// Where the handler also writes the signal's number, at once (a launcher that ends a job sends
+// SIGTERM and soon SIGKILL): the watchdog's heartbeat directory (diagnose/crashes.h).
+void set_signal_marker(const std::string& path);
 
 }  // namespace vidit

@@ -1,6 +1,7 @@
 #include "resilience/watchdog.h"
 
 #include "resilience/run_lock.h"  // host_name
+#include "resilience/stop_signal.h"
 
 #include <cxxabi.h>
 #include <execinfo.h>
@@ -109,6 +110,11 @@ Watchdog::~Watchdog() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // The process ends by its own hand (a return, an error): said in its last heartbeat, so that a
+  // restart can tell it from a rank that was killed or crashed (diagnose/crashes.h).
+  std::lock_guard<std::mutex> lock(mu_);
+  ended_ = "exited";
+  write_heartbeat();
 }
 
 void Watchdog::beat(const char* phase, int64_t step, bool adaptive) {
@@ -123,6 +129,14 @@ void Watchdog::report_to(const std::string& dir, int world, std::function<int64_
   std::lock_guard<std::mutex> lock(mu_);
   std::filesystem::create_directories(dir);
   dir_ = dir, world_ = world, issued_ = std::move(issued), on_stall_ = std::move(on_stall);
+  // A first heartbeat at once (a rank that dies in its first second still leaves one), and the
+  // file a stop signal's handler writes.
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.signal", rank_);
+  std::error_code ec;
+  std::filesystem::remove(dir_ + "/" + name, ec);
+  set_signal_marker(dir_ + "/" + name);
+  write_heartbeat();
 }
 
 double Watchdog::limit_s() const {
@@ -148,7 +162,9 @@ void Watchdog::write_heartbeat() {  // with mu_ held
                             {"step", step_.load()},
                             {"collectives", issued_ ? issued_() : -1},
                             {"idle_s", double(now_ns() - last_ns_.load()) / 1e9},
-                            {"time", long(std::time(nullptr))}};
+                            {"time", long(std::time(nullptr))},
+                            {"signal", stop_signal()},
+                            {"ended", ended_}};
   const std::string path = heartbeat_path(dir_, rank_), tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -193,9 +209,20 @@ std::string Watchdog::who_did_not_arrive() const {  // with mu_ held
 }
 
 void Watchdog::watch() {
-  const auto period = std::chrono::duration<double>(std::min(1.0, timeout_s_ / 4));
+  // Every 0.1 s: a stop signal is written to the heartbeat at once (a launcher that ends the job
+  // sends SIGTERM, then SIGKILL soon after); the heartbeat and the check every period.
+  const double period = std::min(1.0, timeout_s_ / 4);
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, period, [this] { return done_; })) {
+  int signal_seen = 0;
+  auto next = std::chrono::steady_clock::now();
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) {
+    if (stop_signal() != signal_seen) {
+      signal_seen = stop_signal();
+      write_heartbeat();
+    }
+    if (std::chrono::steady_clock::now() < next) continue;
+    next = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                  std::chrono::duration<double>(period));
     write_heartbeat();
     const double idle = double(now_ns() - last_ns_.load()) / 1e9, limit = limit_s();
     if (idle < limit) continue;
@@ -214,6 +241,8 @@ void Watchdog::watch() {
     if (!stack.empty()) std::fprintf(stderr, "watchdog: rank %d: %s\n", rank_, stack.c_str());
     std::fflush(nullptr);
     if (on_stall_) on_stall_(others);
+    ended_ = "watchdog";
+    write_heartbeat();
     std::_Exit(kStallStatus);
   }
 }

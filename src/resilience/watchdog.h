@@ -14,10 +14,12 @@
 // well before a collective timeout. And each rank's watchdog writes a heartbeat file every
 // second (report_to: <dir>/rank_NNNNN.json with its host, pid, phase, step and the number of
 // collectives it has entered, from the watchdog's own thread, so a rank whose main thread is
-// stuck still reports). When a watchdog fires it reads every rank's heartbeat and names the
-// ranks that did not arrive: those that entered fewer collectives than the others (every rank
-// of the job enters the same sequence), with their host, pid, phase and step, or says that all
-// entered the same number (they wait on each other, or on the network or file system). Before it
+// stuck still reports; also a stop signal it received, at once, and how the process ended:
+// "exited" from the destructor, "watchdog"; a rank killed or crashed leaves neither, which is
+// how a restart finds it, diagnose/crashes.h). When a watchdog fires it reads every rank's
+// heartbeat and names the ranks that did not arrive: those that entered fewer collectives than
+// the others (every rank of the job enters the same sequence), with their host, pid, phase and
+// step, or says that all entered the same number (they wait on each other, or on the network or file system). Before it
 // ends the process, it has the main thread write its own stack (a signal handler) to
 // <dir>/rank_NNNNN.stack and prints its first frames: where the rank is stuck (in which
 // collective, which file operation).
@@ -79,6 +81,7 @@ class Watchdog {
   std::condition_variable cv_;
   bool done_ = false;
   pthread_t main_;
+  const char* ended_ = "";  // how the process ended, for its last heartbeat ("exited", "watchdog")
   std::thread thread_;
 };
 

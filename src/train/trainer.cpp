@@ -18,6 +18,7 @@
 #include "core/storage.h"
 #include "core/trace.h"
 #include "diagnose/forensics.h"
+#include "diagnose/health.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
 #include "parallel/parallelize.h"
@@ -293,6 +294,18 @@ void Trainer::find_slowest(const StepResult& r, StepMetrics& m) {
   m.slowest_host = hosts_.at(size_t(m.slowest_rank));
   m.slowest_score = stragglers_.scores().at(size_t(m.slowest_rank)).relative;
   if (!is_lead()) return;
+  // A straggler that stays one for train.straggler_exclude_steps logged steps: its host goes to
+  // the exclude list, for the next allocation (this run goes on).
+  const int64_t exclude_at = cfg_.train.straggler_exclude_steps;
+  for (int rank = 0; rank < mesh_->size() && exclude_at > 0; ++rank) {
+    if (stragglers_.below(rank) != exclude_at) continue;
+    const std::string host = hosts_.at(size_t(rank)), list = exclude_list_path(cfg_.train);
+    add_to_exclude_list(list, {host});
+    std::fprintf(stderr, "straggler: %s has been one for %lld logged steps (train.straggler_exclude_steps): its host is "
+                         "added to %s; start the next allocation without it (srun / sbatch --exclude)\n",
+                 rank_and_host(rank, hosts_).c_str(), (long long)exclude_at, list.c_str());
+    events().write("excluded", r.step, {{"host", host}, {"rank", rank}, {"why", "straggler for " + std::to_string(exclude_at) + " logged steps"}});
+  }
   for (const StragglerChange& c : changes) {
     const std::string who = rank_and_host(c.rank, hosts_);
     if (c.straggling) {

@@ -1,0 +1,51 @@
+// A host that loses a rank in two attempts goes to the exclude list: real two-rank jobs
+// (mpirun) in which the product's fault injection SIGKILLs rank 1 (no handler, no last word),
+// each restarted with the same command, as a launcher would. The next attempt finds the dead
+// rank from the heartbeats and records it; after the second, the host is excluded.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../../tests/test_util.h"
+#include "diagnose/events.h"
+#include "parallel/mpi_test_util.h"
+#include "resilience/run_lock.h"
+
+namespace vidit {
+namespace {
+
+TEST(Crashes, AHostThatLosesRanksInTwoAttemptsIsExcluded) {
+  VIDIT_REQUIRE_MPI();
+  test::ScratchDir dir("crashes");
+  const std::string run = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
+                          " train.steps=10 train.ckpt_every=2 parallel.shard=2 ";
+  auto first = test::mpirun(2, run + "faults.kind=kill faults.step=3 faults.rank=1", 120);
+  ASSERT_NE(first.status, 0) << first.output;
+  auto second = test::mpirun(2, run + "faults.kind=kill faults.step=5 faults.rank=1", 120);
+  ASSERT_NE(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("the previous attempt lost rank 1 on " + host_name()), std::string::npos) << second.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "exclude_hosts.txt")) << "one lost rank is not enough";
+  auto third = test::mpirun(2, run, 120);
+  ASSERT_EQ(third.status, 0) << third.output;
+  EXPECT_NE(third.output.find("host " + host_name() + " has lost a rank in 2 attempts"), std::string::npos)
+      << third.output;
+  std::vector<nlohmann::json> crashed, excluded;
+  for (const auto& e : read_events(dir.path())) {
+    if (e.at("event") == "crashed") crashed.push_back(e);
+    if (e.at("event") == "excluded") excluded.push_back(e);
+  }
+  ASSERT_EQ(crashed.size(), 2u);
+  for (const auto& e : crashed) {
+    EXPECT_EQ(e.at("rank"), 1) << e.dump() << "\nrank 0 was ended by the launcher (a signal), not lost";
+    EXPECT_EQ(e.at("host"), host_name());
+  }
+  ASSERT_EQ(excluded.size(), 1u);
+  std::ifstream list(dir / "exclude_hosts.txt");
+  std::string line;
+  ASSERT_TRUE(std::getline(list, line));
+  EXPECT_EQ(line, host_name());
+}
+
+}  // namespace
+}  // namespace vidit

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what vidit needs on a fresh Debian 12 machine: the system libraries
 # (FFmpeg, OpenMPI, gloo headers, toml++, CLI11, nlohmann-json, zstd, xxHash, libpng, GoogleTest, Google Benchmark,
-# ccache, ninja) with apt-get, and torch (for LibTorch) with pip.
+# ccache, ninja; Slurm and iproute2 for the tests of real clusters and links) with apt-get, and torch (for LibTorch)
+# with pip.
 # Idempotent and quick when everything is already there.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
@@ -9,7 +10,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libzstd-dev libxxhash-dev libpng-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       openmpi-bin libopenmpi-dev libgloo-dev
-      slurmctld slurmd slurm-client munge)
+      slurmctld slurmd slurm-client munge iproute2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

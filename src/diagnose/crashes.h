@@ -7,8 +7,8 @@
 // neither. (The stop signal's handler also writes <dir>/rank_NNNNN.signal itself, at once, in
 // case the launcher's SIGKILL comes before the next heartbeat.) When a job fails and restarts, rank 0 of the new attempt reads the heartbeats before
 // they are replaced: the ranks that left neither, while some other rank did leave one, are the
-// ones that died first. (When every rank is silent, as when the whole job is killed at once, no
-// rank is blamed.) Each is recorded as a "crashed" event with its host; a host that crashed
+// ones that died first. (When every rank is silent, as when the whole job is killed at once, or
+// a launcher SIGKILLs the others before they ran their SIGTERM handler, no rank is blamed.) Each is recorded as a "crashed" event with its host; a host that crashed
 // `after` attempts goes to the exclude list (diagnose/health.h add_to_exclude_list). The
 // heartbeats read are moved to <dir>.previous, so no attempt counts them twice.
 #pragma once

@@ -21,8 +21,8 @@ TEST(Crashes, AHostThatLosesRanksInTwoAttemptsIsExcluded) {
   test::ScratchDir dir("crashes");
   // mpirun ends the ranks left with SIGTERM and, 1 s later by default, SIGKILL; on a loaded
   // 2-core machine a rank may not run at all in that second, and would be as silent as the one
-  // killed. Slurm (KillWait) and torchrun give 30 s; so does this test's mpirun.
-  ::setenv("OMPI_MCA_odls_base_sigkill_timeout", "30", 1);
+  // killed. Slurm (KillWait) and torchrun give 30 s; this test's mpirun gives 5.
+  ::setenv("OMPI_MCA_odls_base_sigkill_timeout", "5", 1);
   const std::string run = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
                           " train.steps=10 train.ckpt_every=2 parallel.shard=2 ";
   auto first = test::mpirun(2, run + "faults.kind=kill faults.step=3 faults.rank=1", 120);

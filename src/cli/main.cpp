@@ -91,18 +91,10 @@ at::Device train_device(const Config& cfg, const LaunchEnv& env) {
 // The pre-flight checks (diagnose/health.h) over every rank of `world`; rank 0 prints the table
 // and adds the unhealthy hosts to the exclude list (default <out_dir>/exclude_hosts.txt).
 HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device, std::string exclude_file,
-                       const std::string& checks = "device,network,storage") {
+                       const std::vector<std::string>& checks = {"device", "network", "storage"}) {
   const std::vector<std::string> hosts = gather_hosts(world);
   HealthOptions h;
-  std::set<std::string> which;
-  for (size_t at = 0; at <= checks.size();) {
-    const size_t comma = std::min(checks.find(',', at), checks.size());
-    const std::string c = checks.substr(at, comma - at);
-    VIDIT_CHECK(c == "device" || c == "network" || c == "storage", "vidit health --checks: unknown check '", c,
-                "'; give a comma-separated list of device, network, storage");
-    which.insert(c);
-    at = comma + 1;
-  }
+  const std::set<std::string> which(checks.begin(), checks.end());
   h.check_device = which.count("device") > 0, h.check_network = which.count("network") > 0;
   h.check_storage = which.count("storage") > 0;
   h.device = device;
@@ -135,7 +127,7 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
 }
 
 // vidit health: exit 3 when a host is unhealthy.
-int cmd_health(const CommonOpts& o, const std::string& exclude_file, const std::string& checks) {
+int cmd_health(const CommonOpts& o, const std::string& exclude_file, const std::vector<std::string>& checks) {
   Config cfg = load_config(o.config, o.sets);
   const LaunchEnv env = detect_launch_env();
   const at::Device device = train_device(cfg, env);
@@ -445,12 +437,15 @@ int main(int argc, char** argv) {
   auto* compare_ckpt = ckpt->add_subcommand("compare", "exit 0 when two checkpoints hold bitwise the same state");
   compare_ckpt->add_option("a", ckpt_a, "checkpoint directory")->required();
   compare_ckpt->add_option("b", ckpt_b, "checkpoint directory")->required();
-  std::string exclude_file, checks = "device,network,storage";
+  std::string exclude_file;
+  std::vector<std::string> checks = {"device", "network", "storage"};
   auto* health = app.add_subcommand("health", "pre-flight checks of every rank and host of the launch (matmul, memory, "
                                               "all-reduce, out_dir); unhealthy hosts go to an exclude list");
   health->add_option("--exclude-file", exclude_file, "the exclude list (default <train.out_dir>/exclude_hosts.txt)");
   health->add_option("--checks", checks, "which checks: a comma-separated list of device (matmul, memory), network "
-                                         "(all-reduces in each host, over all, between node pairs), storage (out_dir)");
+                                         "(all-reduces in each host, over all, between node pairs), storage (out_dir)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"device", "network", "storage"}));
   add_common(health, o);
   std::string doctor_dir;
   auto* doctor = app.add_subcommand("doctor", "what happened in a run: restarts, skipped steps, spikes, stragglers, "

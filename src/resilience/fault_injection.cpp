@@ -87,28 +87,23 @@ bool FaultInjector::process_fault_after(int64_t step) const {
          (k == FaultKind::exit || k == FaultKind::kill || k == FaultKind::sigterm || k == FaultKind::hang);
 }
 
-bool FaultInjector::poison_sample(int64_t step) {
-  if (cfg_.kind != FaultKind::poison_sample || !mine(step)) return false;
+bool FaultInjector::fire_in_step(FaultKind kind, int64_t step, const char* what) {
+  if (cfg_.kind != kind || !mine(step)) return false;
   fired_ = true;
-  std::fprintf(stderr, "fault injection: rank %d poisons its first sample of step %lld (latents x 1000)\n", rank_,
-               (long long)step);
+  std::fprintf(stderr, "fault injection: rank %d %s of step %lld\n", rank_, what, (long long)step);
   return true;
+}
+
+bool FaultInjector::poison_sample(int64_t step) {
+  return fire_in_step(FaultKind::poison_sample, step, "poisons its first sample (latents x 1000)");
 }
 
 bool FaultInjector::glitch(int64_t step) {
-  if (cfg_.kind != FaultKind::glitch || !mine(step)) return false;
-  fired_ = true;
-  std::fprintf(stderr, "fault injection: rank %d corrupts its first prediction of step %lld (x 100, once)\n", rank_,
-               (long long)step);
-  return true;
+  return fire_in_step(FaultKind::glitch, step, "corrupts its first prediction (x 100, once)");
 }
 
 bool FaultInjector::poison_loss(int64_t step) {
-  if (cfg_.kind != FaultKind::nan_grad || !mine(step)) return false;
-  fired_ = true;
-  std::fprintf(stderr, "fault injection: rank %d makes its loss NaN in step %lld (NaN gradients)\n", rank_,
-               (long long)step);
-  return true;
+  return fire_in_step(FaultKind::nan_grad, step, "makes its loss NaN (NaN gradients)");
 }
 
 Storage& FaultInjector::storage_for_save(int64_t step, Storage& base) {

@@ -71,6 +71,8 @@ class FaultInjector {
 
  private:
   bool mine(int64_t step) const { return on_ && !fired_ && step == cfg_.step && rank_ == int(cfg_.rank); }
+  // A fault of `kind` in step `step` on this rank: fires once, saying on stderr what it does.
+  bool fire_in_step(FaultKind kind, int64_t step, const char* what);
   bool on_ = false;  // this is the attempt the faults are for
   FaultConfig cfg_;
   int rank_;

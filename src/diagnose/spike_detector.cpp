@@ -73,4 +73,26 @@ std::vector<PartNorm> SpikeDetector::parts(const std::map<std::string, double>& 
   return out;
 }
 
+std::map<std::string, std::vector<double>> SpikeDetector::state() const {
+  auto put = [](std::vector<double>& out, const Stat& st) { out.insert(out.end(), {st.mean, st.var, double(st.n)}); };
+  std::map<std::string, std::vector<double>> out;
+  for (const Stat& b : bins_) put(out["bins"], b);
+  put(out["grad"], grad_);
+  for (const auto& [part, st] : parts_) put(out["part." + part], st);
+  return out;
+}
+
+bool SpikeDetector::set_state(const std::map<std::string, std::vector<double>>& state) {
+  auto get = [](const std::vector<double>& v, size_t i) { return Stat{v[3 * i], v[3 * i + 1], int64_t(v[3 * i + 2])}; };
+  auto bins = state.find("bins"), grad = state.find("grad");
+  if (bins == state.end() || grad == state.end() || bins->second.size() != 3 * bins_.size() || grad->second.size() != 3)
+    return false;
+  for (size_t i = 0; i < bins_.size(); ++i) bins_[i] = get(bins->second, i);
+  grad_ = get(grad->second, 0);
+  parts_.clear();
+  for (const auto& [key, v] : state)
+    if (key.rfind("part.", 0) == 0 && v.size() == 3) parts_[key.substr(5)] = get(v, 0);
+  return true;
+}
+
 }  // namespace vidit

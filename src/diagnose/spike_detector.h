@@ -15,6 +15,8 @@
 // Only upward deviations count: a loss that falls faster than usual is not a problem.
 // Each part of the model (every block, the embeddings, the head) also keeps a baseline of its
 // own log gradient norm, so that a spike's report names the blocks whose gradients jumped.
+// The baselines are part of a checkpoint (state() / set_state()), so a resumed run judges its
+// first steps as the uninterrupted run would, without warming up again.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -60,6 +62,11 @@ class SpikeDetector {
   // The parts' gradient norms of the same step, largest jump first; they are learned when
   // `learn` (the step was not a spike).
   std::vector<PartNorm> parts(const std::map<std::string, double>& norms, bool learn);
+  // The baselines by name ("bins": 3 values per σ bin, "grad", "part.<name>": mean, variance,
+  // count each). set_state() returns false, and keeps the detector as it is, when the state
+  // was written with another number of σ bins.
+  std::map<std::string, std::vector<double>> state() const;
+  bool set_state(const std::map<std::string, std::vector<double>>& state);
 
  private:
   struct Stat {

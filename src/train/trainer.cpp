@@ -141,6 +141,9 @@ void Trainer::start_save() {
   if (ema_) s.ema_updates = ema_->updates();
   TensorMap optimizer = opt_->state();
   optimizer["rng/train"] = gen_.get_state();
+  // The spike baselines (the same on every rank: they learn from gathered samples).
+  for (const auto& [name, values] : spikes_.state())
+    optimizer["spikes/" + name] = at::tensor(values, at::kDouble);
   // Ranks with batches of their own also have streams of their own: every one is saved.
   if (!data_->slices_global_batch()) {
     const auto& dp = mesh_->group("dp");
@@ -270,6 +273,16 @@ void Trainer::load(const std::string& dir) {
     else  // a rank the saving run did not have: a stream of its own from (seed, rank, step)
       gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, *mesh_) + 7919ull * uint64_t(meta.step));
   }
+  std::map<std::string, std::vector<double>> spikes;
+  for (const auto& [key, t] : optimizer)
+    if (key.rfind("spikes/", 0) == 0) {
+      at::Tensor v = t.to(at::kDouble).contiguous();
+      spikes[key.substr(7)] = std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
+    }
+  // Older checkpoints, or another train.spike_bins: the baselines warm up again.
+  if (!spikes_.set_state(spikes) && is_lead() && console_)
+    std::fprintf(stderr, "%s has no spike baselines for train.spike_bins = %lld: they warm up again "
+                         "(train.spike_warmup)\n", dir.c_str(), (long long)cfg_.train.spike_bins);
   data_->set_state(meta.sampler);
   step_ = meta.step;
 }

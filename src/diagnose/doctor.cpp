@@ -109,6 +109,15 @@ std::string doctor_report(const std::string& run_dir) {
       ++suspects[e.value("host", "")]["straggler"];
     } else if (kind == "straggler_recovered") {
       out << "  step " << step << ": rank " << e.value("rank", -1) << " (" << e.value("host", "") << ") back to speed\n";
+    } else if (kind == "slow_group") {
+      out << "  step " << step << ": slow " << e.value("group", "") << " group (ranks";
+      for (const auto& r : e.value("ranks", nlohmann::json::array())) out << " " << r.get<int>();
+      out << " on";
+      for (const auto& h : e.value("hosts", nlohmann::json::array())) out << " " << h.get<std::string>();
+      out << "): blocked " << fmt("%.3f", e.value("wait_s", 0.0)) << " s in " << e.value("op", "") << " against "
+          << fmt("%.3f", e.value("others_wait_s", 0.0)) << " s for the others"
+          << (e.value("straggler", false) ? " (it has a straggler)" : "") << "\n";
+      for (const auto& h : e.value("hosts", nlohmann::json::array())) ++suspects[h.get<std::string>()]["slow link"];
     } else if (kind == "save_failed") {
       out << "  step " << step << ": checkpoint not saved, rank " << e.value("rank", -1) << " (" << e.value("host", "")
           << "): " << e.value("error", "") << "\n";

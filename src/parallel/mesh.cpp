@@ -68,7 +68,7 @@ Mesh::Mesh(const Config& cfg, std::shared_ptr<Comm> world) {
   int r = world_->rank();
   for (int d = 4; d >= 0; --d) coords_[d] = r % degrees_[d], r /= degrees_[d];
   // The same groups in the same order on every rank: split is collective.
-  for (const char* name : {"replicate", "shard", "ring", "ulysses", "tensor", "dp", "sp", "dpsp"}) {
+  for (const char* name : kMeshGroups) {
     std::vector<int> dims = dims_of(name);
     int color = 0, key = 0;
     for (int d = 0; d < 5; ++d) {
@@ -79,7 +79,14 @@ Mesh::Mesh(const Config& cfg, std::shared_ptr<Comm> world) {
         color = color * degrees_[d] + coords_[d];
     }
     groups_[name] = world_->split(color, key);
+    static_cast<TimedComm&>(*groups_[name]).set_group(name);  // a split of a TimedComm is one
+    instances_[name] = color;
   }
+}
+
+int Mesh::instance(const std::string& name) const {
+  group(name);  // names the known groups when `name` is not one
+  return instances_.at(name);
 }
 
 int Mesh::degree(const std::string& name) const { return group(name)->size(); }

@@ -9,7 +9,9 @@
 // "sp" (ring x ulysses: who split a sample's tokens) and "dpsp" (both: who reduce gradients).
 //
 // The world communicator is wrapped in a TimedComm (parallel/timed_comm.h), so every group reports
-// how long its callers waited: comm_times().
+// how long its callers waited and, by its name, what it moved: comm_times(). Members of one group
+// share its instance() number (a group of each kind per instance: the "shard" groups of two
+// replicas are instances 0 and 1), which is how the slow one among them is named.
 //
 // validate_mesh() refuses a mesh that cannot train this config before any work starts, with a
 // message naming the keys to change.
@@ -44,6 +46,8 @@ class Mesh {
   // The named sub-communicator; throws for an unknown name (listing the known ones).
   const std::shared_ptr<Comm>& group(const std::string& name) const;
   const std::shared_ptr<Comm>& world() const { return world_; }
+  // Which of the groups of this kind this member belongs to (the same on all its members).
+  int instance(const std::string& group) const;
   // Time blocked in collectives on this member, over every group, since construction.
   CommTimes comm_times() const { return timed_->times(); }
   // Collectives entered by this member so far (any thread may ask).
@@ -54,6 +58,11 @@ class Mesh {
   TimedComm* timed_ = nullptr;  // world_ itself
   std::array<int, 5> degrees_{}, coords_{};
   std::map<std::string, std::shared_ptr<Comm>> groups_;
+  std::map<std::string, int> instances_;
 };
+
+// The groups every mesh has, in the order they are made.
+inline constexpr std::array<const char*, 8> kMeshGroups = {"replicate", "shard", "ring", "ulysses",
+                                                           "tensor", "dp", "sp", "dpsp"};
 
 }  // namespace vidit

@@ -1,19 +1,28 @@
 #include "parallel/timed_comm.h"
 
+#include <algorithm>
+
 #include "core/trace.h"
 
 namespace vidit {
 namespace {
 
 
+double bus_factor(const char* op, int n) {
+  const std::string o = op;
+  if (o == "all_reduce") return 2.0 * (n - 1) / n;
+  if (o == "all_gather" || o == "reduce_scatter" || o == "all_to_all") return double(n - 1) / n;
+  return 1.0;
+}
+
 // Records its wait into the shared totals (and the trace) once, at the first wait() or at
 // destruction.
 class TimedWork : public Work {
  public:
   TimedWork(WorkPtr inner, const char* op, double bytes, int ranks, double issued_us,
-            std::shared_ptr<TimedComm::Shared> shared)
+            std::shared_ptr<TimedComm::Shared> shared, std::string group)
       : inner_(std::move(inner)), op_(op), bytes_(bytes), ranks_(ranks), issued_us_(issued_us),
-        shared_(std::move(shared)) {}
+        shared_(std::move(shared)), group_(std::move(group)) {}
   ~TimedWork() override {
     try {
       wait();
@@ -33,6 +42,16 @@ class TimedWork : public Work {
       e.calls += 1;
       e.wait_s += (t1 - t0) * 1e-6;
       e.bytes += bytes_;
+      if (ranks_ > 1) {
+        CommTimes::Traffic& g = shared_->times.by_group[group_][op_];
+        g.calls += 1;
+        g.bus_bytes += bytes_ * bus_factor(op_, ranks_);
+        // The union of the calls' spans: calls in flight together (buckets, prefetches) count
+        // their common time once. Calls end in about the order they were issued.
+        g.span_s += std::max(0.0, t1 - std::max(issued_us_, g.last_end_us)) * 1e-6;
+        g.last_end_us = std::max(g.last_end_us, t1);
+        g.wait_s += (t1 - t0) * 1e-6;
+      }
     }
     if (trace::on()) {
       trace::async_slice(op_, "comm", issued_us_, t1 - issued_us_, {{"bytes", bytes_}, {"ranks", double(ranks_)}});
@@ -47,6 +66,7 @@ class TimedWork : public Work {
   int ranks_;
   double issued_us_;
   std::shared_ptr<TimedComm::Shared> shared_;
+  std::string group_;  // the communicator's mesh group
   bool done_ = false;
 };
 
@@ -74,7 +94,7 @@ void TimedComm::reset() {
 }
 
 WorkPtr TimedComm::timed(const char* op, double bytes, WorkPtr work, double issued_us) {
-  return std::make_shared<TimedWork>(std::move(work), op, bytes, size(), issued_us, shared_);
+  return std::make_shared<TimedWork>(std::move(work), op, bytes, size(), issued_us, shared_, group_);
 }
 
 WorkPtr TimedComm::all_reduce(at::Tensor& t, ReduceOp op) {

@@ -8,6 +8,11 @@
 // With the trace on (core/trace.h), each collective is also recorded as an asynchronous slice
 // from issue to the end of its wait, and each wait as a slice on the waiting thread.
 //
+// Each communicator also carries the name of its mesh group (set_group; "world" by default), and
+// the totals keep, per group and collective, the bytes moved and the time from issue to the end
+// of the wait: diagnose/group_bandwidth.h turns them into a bus bandwidth per group and names a
+// group that is slower than the others of its kind (a slow link).
+//
 // On CPU engines wait() blocks the thread until the data has arrived. On NCCL it only orders the
 // current CUDA stream after the collective, so the figure there is host-side time, not GPU time.
 #pragma once
@@ -29,6 +34,17 @@ struct CommTimes {
   };
   std::map<std::string, Entry> by_op;
   double wait_s() const;  // over every collective
+  // Per mesh group, per collective: what crossed the links. Bus bytes are the tensor bytes
+  // scaled as nccl-tests scale them, so one figure compares groups of any size: all-reduce
+  // 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n, broadcast and point to point 1.
+  struct Traffic {
+    int64_t calls = 0;
+    double bus_bytes = 0;
+    double span_s = 0;  // time with one of them in flight: from issue to the end of its wait
+    double wait_s = 0;  // time blocked in their wait()s
+    double last_end_us = 0;
+  };
+  std::map<std::string, std::map<std::string, Traffic>> by_group;
 };
 
 class TimedComm : public ForwardingComm {
@@ -48,6 +64,9 @@ class TimedComm : public ForwardingComm {
   WorkPtr recv(at::Tensor& t, int src, int tag) override;
   void barrier() override;
   std::shared_ptr<Comm> split(int color, int key) override;
+  // The mesh group this communicator is (parallel/mesh.h names them after split()).
+  void set_group(std::string name) { group_ = std::move(name); }
+  const std::string& group() const { return group_; }
 
   // Collectives (and point-to-point calls) entered on this rank, over every group: safe to read
   // from any thread. Every rank of an SPMD job enters the same sequence, so the rank with the
@@ -64,6 +83,7 @@ class TimedComm : public ForwardingComm {
   TimedComm(std::shared_ptr<Comm> inner, std::shared_ptr<Shared> shared);
   WorkPtr timed(const char* op, double bytes, WorkPtr work, double issued_us);
   std::shared_ptr<Shared> shared_;
+  std::string group_ = "world";
 };
 
 }  // namespace vidit

@@ -501,13 +501,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   finish_trace();
   // The last save is waited for: the run ends with its state committed.
   save();
-  if (console && is_lead() && mesh_->world()->backend() != "single") {
-    // Where rank 0 waited, over the whole run, by collective.
-    const CommTimes times = mesh_->comm_times();
-    std::printf("communication on rank 0 (time blocked in wait, calls, bytes handed over):\n");
-    for (const auto& [op, e] : times.by_op)
-      std::printf("  %-15s %9.3f s %9lld calls %12.1f MB\n", op.c_str(), e.wait_s, (long long)e.calls, e.bytes / 1e6);
-  }
+  summarize_communication();
   return losses;
 }
 

@@ -187,6 +187,9 @@ class Trainer {
   std::unique_ptr<Quarantine> quarantine_;
   double lr_scale_ = 1;
   void check_replicas_or_stop();
+  // The end of fit() (run_summary.cpp, collective): where rank 0 waited, by collective, and the
+  // bandwidth of every mesh group, naming a group slower than the others of its kind.
+  void summarize_communication();
 };
 
 }  // namespace vidit

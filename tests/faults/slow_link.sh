@@ -5,7 +5,9 @@
 # pair of hosts talks over its own link. tc slows one link (netem delay and rate where the kernel
 # has it, else a tbf rate limit), then every link of one host. `vidit health --checks network` runs one rank per host (the
 # torchrun environment; gloo binds to the address its hostname resolves to) and must name the slow pair in the
-# first case and exclude the host in the second.
+# first case and exclude the host in the second. Last, `vidit train` runs on the four hosts as two
+# replicas of two FSDP shards each, with the link inside the first replica's shard group slowed:
+# the run's summary must name that group (ranks 0 and 1 on node0 and node1) and no other.
 #
 # usage: tests/faults/slow_link.sh path/to/vidit
 # Needs root, ip, tc and unshare; exits 77 (skipped) without them.
@@ -84,5 +86,30 @@ run slow_host; s=$?
 grep -q "unhealthy: node2;" "$OUT/slow_host.0" || fail "node2 is not named unhealthy"
 [ "$(cat "$OUT/slow_host.exclude")" = node2 ] || fail "the exclude list is not just node2: $(cat "$OUT/slow_host.exclude")"
 grep -q "slow link:" "$OUT/slow_host.0" && fail "a link was blamed for node2's network"
+for j in 0 1 3; do fast 2 $j; done
+
+# 3. Training: replicas {0,1} and {2,3} (hosts node0..node3), FSDP inside each. The shard group of
+# the first replica talks over the slowed link node0 - node1; its peers' links are fast.
+slow 0 1
+port=$((20000 + RANDOM % 20000)); pids=()
+for i in $(seq 0 $((HOSTS - 1))); do
+  ip netns exec "$(ns "$i")" unshare --uts sh -c "hostname node$i && exec env RANK=$i WORLD_SIZE=$HOSTS LOCAL_RANK=0 \
+    LOCAL_WORLD_SIZE=1 MASTER_ADDR=$(addr 0) MASTER_PORT=$port VIDIT_COMM=gloo timeout 180 $VIDIT train --set \
+    model.dim=256 model.ffn_dim=512 model.heads=4 model.layers=2 model.in_channels=4 model.patch=[1,2,2] \
+    model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic \
+    data.latent_frames=2 data.latent_height=4 data.latent_width=4 train.batch_size=4 train.threads=1 \
+    train.steps=8 train.log_every=1 parallel.replicate=2 parallel.shard=2 train.out_dir=$OUT/train" \
+    >"$OUT/train.$i" 2>&1 &
+  pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=$?; done
+echo "--- train (exit $status)"; grep -A40 "^communication on rank 0" "$OUT/train.0"; grep "slow group" "$OUT/train.0"
+[ $status = 0 ] || { cat "$OUT/train.0"; fail "training across the namespaces failed (exit $status)"; }
+grep -q "slow group: shard group 0 (rank 0 on node0, rank 1 on node1)" "$OUT/train.0" ||
+  fail "the shard group over the slow link node0 - node1 is not named"
+grep "slow group:" "$OUT/train.0" | grep -v "slow group: shard group 0 " && fail "another group was named slow"
+grep -q '"slow_group"' "$OUT/train/events.jsonl" || fail "no slow_group event in events.jsonl"
+$VIDIT doctor "$OUT/train" | grep -q "slow shard group (ranks 0 1 on node0 node1)" || fail "vidit doctor does not tell the slow group"
 echo "slow_link: PASS"
 rm -rf "$OUT"

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -228,10 +229,27 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
                             {"backend", mesh->world()->backend()}, {"hosts", hosts}, {"rank_hosts", trainer.hosts()}});
     // The ranks the previous attempt lost without a word, and hosts that keep losing them
     // (diagnose/crashes.h), read before this attempt's heartbeats replace theirs.
+    std::vector<std::string> excluded;
     if (lead)
-      note_crashes(cfg.train.out_dir, trainer.events(), trainer.steps_done(), cfg.train.exclude_after_crashes,
-                   exclude_list_path(cfg.train));
-    mesh->world()->barrier();
+      excluded = note_crashes(cfg.train.out_dir, trainer.events(), trainer.steps_done(), cfg.train.exclude_after_crashes,
+                              exclude_list_path(cfg.train));
+    // In a Slurm allocation the batch script can place the job elsewhere (scripts/slurm/vidit.sbatch
+    // resubmits it without the listed hosts), so an attempt does not go on training on a host
+    // it has just excluded; under other launchers the hosts are fixed, and the list is advice
+    // for the next allocation.
+    const std::vector<std::string>& here = trainer.hosts();
+    const bool on_excluded = std::any_of(excluded.begin(), excluded.end(), [&](const std::string& h) {
+      return std::find(here.begin(), here.end(), h) != here.end();
+    });
+    const bool in_slurm_job = std::getenv("SLURM_JOB_ID") != nullptr;
+    at::Tensor stop = at::tensor({on_excluded && in_slurm_job ? 1.0 : 0.0}, at::kDouble);
+    mesh->world()->all_reduce(stop, ReduceOp::Max)->wait();
+    if (stop.item<double>() > 0) {
+      if (lead)
+        std::fprintf(stderr, "error: this allocation holds a host that was just excluded; not training on it. The batch "
+                             "script resubmits the job without it (sbatch --exclude)\n");
+      return kUnhealthyStatus;
+    }
   }
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps);

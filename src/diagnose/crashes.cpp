@@ -17,6 +17,7 @@ std::vector<DeadRank> ranks_that_died(const std::string& dir, const std::vector<
   namespace fs = std::filesystem;
   std::vector<DeadRank> silent;
   std::set<int> seen;
+  std::vector<int64_t> last_ms, entered;  // per silent rank: its last heartbeat, collectives entered
   int spoke = 0;
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(dir, ec)) {
@@ -34,6 +35,19 @@ std::vector<DeadRank> ranks_that_died(const std::string& dir, const std::vector<
     }
     silent.push_back({j.value("rank", -1), j.value("host", std::string()), j.value("phase", std::string()),
                       j.value("step", int64_t(0))});
+    last_ms.push_back(j.value("time_ms", int64_t(0)));
+    entered.push_back(j.value("collectives", int64_t(-1)));
+  }
+  if (spoke == 0 && silent.size() > 1) {
+    // Every rank was killed: the first to die stopped beating, and entering collectives, first.
+    const int64_t newest = *std::max_element(last_ms.begin(), last_ms.end());
+    const int64_t most = *std::max_element(entered.begin(), entered.end());
+    std::vector<DeadRank> first;
+    for (size_t i = 0; i < silent.size(); ++i)
+      if (last_ms[i] > 0 && last_ms[i] + kSilentGapMs <= newest && entered[i] < most) first.push_back(silent[i]);
+    if (first.empty() || first.size() == silent.size()) return {};
+    std::sort(first.begin(), first.end(), [](const DeadRank& a, const DeadRank& b) { return a.rank < b.rank; });
+    return first;
   }
   // A rank of the attempt that never wrote one died before its training began.
   for (size_t r = 0; r < rank_hosts.size(); ++r)

@@ -7,8 +7,11 @@
 // neither. (The stop signal's handler also writes <dir>/rank_NNNNN.signal itself, at once, in
 // case the launcher's SIGKILL comes before the next heartbeat.) When a job fails and restarts, rank 0 of the new attempt reads the heartbeats before
 // they are replaced: the ranks that left neither, while some other rank did leave one, are the
-// ones that died first. (When every rank is silent, as when the whole job is killed at once, or
-// a launcher SIGKILLs the others before they ran their SIGTERM handler, no rank is blamed.) Each is recorded as a "crashed" event with its host; a host that crashed
+// ones that died first. When every rank is silent (srun with PMIx SIGKILLs a step's other tasks
+// about a second after one dies; the whole job killed at once), the ones that died first are
+// those whose last heartbeat is both older, by kSilentGapMs, and behind in collectives entered,
+// than the newest: the others went on beating, and entered the collective the dead rank never
+// reached. When no rank stands out so, none is blamed. Each is recorded as a "crashed" event with its host; a host that crashed
 // `after` attempts goes to the exclude list (diagnose/health.h add_to_exclude_list). The
 // heartbeats read are moved to <dir>.previous, so no attempt counts them twice.
 #pragma once
@@ -19,6 +22,8 @@
 #include "diagnose/events.h"
 
 namespace vidit {
+
+inline constexpr int64_t kSilentGapMs = 500;
 
 struct DeadRank {
   int rank = 0;

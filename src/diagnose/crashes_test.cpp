@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "../../tests/test_util.h"
+#include "diagnose/crashes.h"
 #include "diagnose/events.h"
 #include "parallel/mpi_test_util.h"
 #include "resilience/run_lock.h"
@@ -51,6 +52,33 @@ TEST(Crashes, AHostThatLosesRanksInTwoAttemptsIsExcluded) {
   ASSERT_TRUE(std::getline(list, line));
   EXPECT_EQ(line, host_name());
   ::unsetenv("OMPI_MCA_odls_base_sigkill_timeout");
+}
+
+}  // namespace
+}  // namespace vidit
+
+namespace vidit {
+namespace {
+
+// The heartbeats srun leaves when a rank dies and the PMIx plugin SIGKILLs the step's other tasks
+// a moment later: every rank silent. The one that stopped beating, and entering collectives,
+// first is the one that died; two ranks that stopped together are not told apart.
+TEST(Crashes, WhenEveryRankIsSilentTheOneThatStoppedFirstIsBlamed) {
+  test::ScratchDir dir("silent");
+  auto beat = [&](int rank, int64_t ms, int64_t collectives) {
+    std::ofstream(dir / ("rank_0000" + std::to_string(rank) + ".json"))
+        << nlohmann::json{{"rank", rank}, {"host", "h" + std::to_string(rank)}, {"phase", "training"}, {"step", 3},
+                          {"collectives", collectives}, {"time_ms", ms}, {"signal", 0}, {"ended", ""}}.dump();
+  };
+  beat(0, 100900, 231), beat(1, 100000, 227), beat(2, 100950, 231);
+  const auto dead = ranks_that_died(dir.path(), {"h0", "h1", "h2"});
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].rank, 1);
+  EXPECT_EQ(dead[0].host, "h1");
+  beat(1, 100800, 227);  // it beat as late as the others: nothing tells it apart
+  EXPECT_TRUE(ranks_that_died(dir.path(), {"h0", "h1", "h2"}).empty());
+  beat(1, 100000, 231);  // it had entered as many collectives
+  EXPECT_TRUE(ranks_that_died(dir.path(), {"h0", "h1", "h2"}).empty());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +164,9 @@ void Watchdog::write_heartbeat() {  // with mu_ held
                             {"collectives", issued_ ? issued_() : -1},
                             {"idle_s", double(now_ns() - last_ns_.load()) / 1e9},
                             {"time", long(std::time(nullptr))},
+                            {"time_ms", int64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count())},
                             {"signal", stop_signal()},
                             {"ended", ended_}};
   const std::string path = heartbeat_path(dir_, rank_), tmp = path + ".tmp";

@@ -5,7 +5,8 @@
 # `scancel --signal=USR1 --batch`, since slurmctld checks --signal only every 30 s). The job must
 # save, exit 75, requeue itself, resume in attempt 1 (SLURM_RESTART_COUNT) and finish with a
 # state equal, bit for bit, to an uninterrupted run of the same mesh. Then a job whose node fails
-# the pre-flight checks must put the node on the exclude list and submit itself again without it.
+# the pre-flight checks must put the node on the exclude list and submit itself again without it,
+# and so must a job whose node lost a rank without a word (train.exclude_after_crashes).
 #   bash tests/slurm/run_slurm.sh [path/to/vidit]
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -102,10 +103,28 @@ excluded=no
 [ -f "$W/unhealthy/metrics.jsonl" ] && { ok=no; note="$note trained on an unhealthy node"; }
 [ "$excluded" = yes ] || { ok=no; note="$note unhealthy node not excluded"; cat "$W/health.out"; }
 [ -n "$next" ] && scancel "$next"
+# A host that loses a rank without a word: the kill fault SIGKILLs rank 1 after step 3 in the
+# first attempt; with train.exclude_after_crashes = 1 the requeued attempt names the lost rank,
+# puts its host on the list, does not train on it (exit 3), and the job submits itself again
+# without it (the rank left behind ends by its watchdog: train.stall_min_s).
+CJOB=$(cd "$ROOT" && sbatch --parsable --nodes=1 --ntasks=2 --output="$W/crash.out" \
+  --export=ALL,VIDIT="$VIDIT",VIDIT_HEALTH=0,VIDIT_EXCLUDE="$W/crash_exclude.txt",VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/crashing faults.kind=kill faults.step=3 faults.rank=1 train.exclude_after_crashes=1 train.stall_min_s=5 train.stall_steps=3" \
+  scripts/slurm/vidit.sbatch) || fail "sbatch (crash)"
+for _ in $(seq 900); do grep -q "resubmitted as job" "$W/crash.out" 2>/dev/null && break; sleep 0.2; done
+cnode=$(sed -n 1p "$W/crash_exclude.txt" 2>/dev/null)
+cnext=$(sed -n 's/.*resubmitted as job \([0-9]*\).*/\1/p' "$W/crash.out")
+crash_excluded=no
+[ -n "$cnext" ] && [ -n "$cnode" ] && scontrol show job "$cnext" | grep -q "ExcNodeList=$cnode" && crash_excluded=yes
+grep -q "the previous attempt lost rank 1 on $cnode" "$W/crash.out" || { crash_excluded=no; note="$note lost rank not named"; }
+grep -q "attempt 1 on" "$W/crash.out" || { crash_excluded=no; note="$note no second attempt"; }
+grep -q "vidit exited with status 3" "$W/crash.out" || { crash_excluded=no; note="$note attempt 1 did not refuse the host"; }
+[ "$crash_excluded" = yes ] || { ok=no; note="$note crashing node not excluded"; cat "$W/crash.out"; }
+[ -n "$cnext" ] && scancel "$cnext"
 bash "$HERE/stop_cluster.sh" >/dev/null 2>&1
 echo "| case | survived | requeues | resumed from | preempt to done s | equal to uninterrupted | notes |"
 echo "|---|---|---|---|---|---|---|"
 echo "| slurm_usr1_requeue | $ok | $restarts | ${resumed:-?} | $(awk "BEGIN { printf \"%.1f\", $T1 - $T0 }") | $equal | $note |"
 echo "| slurm_unhealthy_node_excluded | $excluded | - | - | - | - | node $node excluded from job $next |"
+echo "| slurm_crashing_node_excluded | $crash_excluded | 1 | - | - | - | node $cnode lost a rank; excluded from job $cnext |"
 [ "$ok" = yes ] || { echo "run_slurm: FAILED (logs in $W)"; exit 1; }
 echo "run_slurm: passed (logs in $W)"

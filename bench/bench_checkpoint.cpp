@@ -2,8 +2,9 @@
 // synchronous (train.ckpt_async=false: the step waits for the write, verification and commit)
 // against asynchronous (the step waits for the host snapshot only), as a ratio of the step time;
 // and the background writer's throughput as a ratio of this disk's sequential write speed,
-// measured in the same run by writing 1 GiB to one file in 8 MiB chunks with an fsync, before,
-// between and after the modes (the median).
+// measured in the same run by writing 1 GiB to one file in 8 MiB chunks with an fsync right
+// before each save (a shared machine's disk drifts by 2x within minutes): each save's write speed
+// is divided by the measurement next to it, and the median ratio is reported.
 //   bench_checkpoint [--set k=v ...] [--saves N] [--dir D]
 // Goals (docs/BENCHMARKS.md): async pause <= 1 step time; writing >= 0.8 of the disk's speed.
 #include <fcntl.h>
@@ -72,16 +73,14 @@ int main(int argc, char** argv) {
   struct Mode {
     const char* name;
     bool async;
-    std::vector<double> pause, write, step, quiet;
+    std::vector<double> pause, write, step, quiet, disk;
     double bytes = 0;
   };
   std::vector<Mode> modes = {{"synchronous", false, {}, {}, {}}, {"asynchronous", true, {}, {}, {}}};
   double params = 0;
-  // The disk's speed is measured around each mode (it varies on a shared machine): the median.
-  std::vector<double> disk;
+  // The disk is measured right before each save (it drifts on a shared machine).
   const uint64_t probe_bytes = 1ull << 30;
   fs::create_directories(dir);
-  disk.push_back(probe_bytes / 1e6 / sequential_write_s(dir, probe_bytes));
   for (Mode& m : modes) {
     std::vector<std::string> s = all;
     s.push_back("train.out_dir=\"" + dir + "/" + m.name + "\"");
@@ -94,6 +93,7 @@ int main(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       t.step();  // no save in flight
       m.quiet.push_back(seconds_since(t0));
+      m.disk.push_back(probe_bytes / 1e6 / sequential_write_s(dir, probe_bytes));
       t0 = std::chrono::steady_clock::now();
       t.start_save();
       m.pause.push_back(seconds_since(t0));
@@ -109,24 +109,26 @@ int main(int argc, char** argv) {
       m.write.push_back(j.at("write_s").get<double>());
       m.bytes = j.at("bytes").get<double>();
     }
-    disk.push_back(probe_bytes / 1e6 / sequential_write_s(dir, probe_bytes));
   }
-  const double disk_mb_s = median(disk);
   std::printf("model %.1f M parameters, checkpoint %.0f MB, %d saves per mode, in %s\n", params / 1e6,
               modes[1].bytes / 1e6, saves, dir.c_str());
-  std::printf("disk: sequential write of 1 GiB with fsync %.0f MB/s (median of %.0f, %.0f, %.0f: before, between, "
-              "after the modes)\n", disk_mb_s, disk[0], disk[1], disk[2]);
-  std::printf("%-13s %8s %14s %9s %11s %9s %11s %11s\n", "mode", "step s", "step w/ save s", "pause s",
-              "pause/step", "write s", "write MB/s", "write/disk");
+  std::printf("%-13s %8s %14s %9s %11s %9s %11s %9s %11s\n", "mode", "step s", "step w/ save s", "pause s",
+              "pause/step", "write s", "write MB/s", "disk MB/s", "write/disk");
   for (const Mode& m : modes) {
     const double quiet = median(m.quiet), step = median(m.step), pause = median(m.pause), write = median(m.write);
-    const double mb_s = m.bytes / 1e6 / write;
-    std::printf("%-13s %8.3f %14.3f %9.3f %11.2f %9.3f %11.0f %11.2f\n", m.name, quiet, step, pause, pause / quiet,
-                write, mb_s, mb_s / disk_mb_s);
+    std::vector<double> ratios;
+    for (size_t i = 0; i < m.write.size() && i < m.disk.size(); ++i) ratios.push_back(m.bytes / 1e6 / m.write[i] / m.disk[i]);
+    std::printf("%-13s %8.3f %14.3f %9.3f %11.2f %9.3f %11.0f %9.0f %11.2f\n", m.name, quiet, step, pause,
+                pause / quiet, write, m.bytes / 1e6 / write, median(m.disk), median(ratios));
+    std::printf("  per save (disk MB/s, write MB/s):");
+    for (size_t i = 0; i < m.write.size() && i < m.disk.size(); ++i)
+      std::printf(" (%.0f, %.0f)", m.disk[i], m.bytes / 1e6 / m.write[i]);
+    std::printf("\n");
   }
   std::printf("(step: median without a save in flight; step w/ save: the step right after start_save(), during "
               "the background write. pause: the time start_save() held training; synchronous saves write, verify "
-              "and commit in it. write: the writer's time for the same, from saves.jsonl)\n");
+              "and commit in it. write: the writer's time for the same, from saves.jsonl; disk: measured just "
+              "before each save; write/disk: the median of the saves' ratios)\n");
   fs::remove_all(dir);
   return 0;
 }

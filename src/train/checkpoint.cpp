@@ -11,6 +11,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <cmath>
+#include <future>
 #include <thread>
 #include <chrono>
 
@@ -101,21 +103,26 @@ std::string sums_name(int64_t index, int64_t count) {
   return name;
 }
 
-// Writes `tensors` to `path`, reads the file back and checks every byte against what was meant to
-// be written; returns the file's entry of the manifest (its size, each tensor's checksum, of the
+// Writes `tensors` to `path` and fsyncs it; returns where the tensors' bytes begin.
+uint64_t write_file(Storage& storage, const std::string& path, const TensorMap& tensors) {
+  std::unique_ptr<WritableFile> f = storage.create(path);
+  const uint64_t data_start = write_safetensors(*f, tensors);
+  f->sync();
+  f->close();
+  return data_start;
+}
+
+// Reads the file written by write_file back and checks every byte against what was meant to be
+// written; returns the file's entry of the manifest (its size, each tensor's checksum, of the
 // bytes read back). The read-back streams the file through one buffer (read(2), not a mapping:
 // page faults over gigabytes cost more than the copy), compares each chunk with the tensor's
-// memory and hashes it while it is in cache: one pass over the state besides the write.
-nlohmann::json write_verified(Storage& storage, const std::string& path, const TensorMap& tensors) {
+// memory and hashes it while it is in cache: one pass over the state besides the write. A
+// tensor that is not finite fails the file (so the part, so the save): a non-finite state is
+// never committed. (A sum in double is finite exactly when every value is: fp32's largest times
+// any tensor's size stays far below double's range.)
+nlohmann::json verify_file(const std::string& path, const TensorMap& tensors, uint64_t data_start, int64_t step) {
   std::vector<std::pair<std::string, at::Tensor>> order;  // the file's order (the map's), CPU, contiguous
   for (const auto& [key, t] : tensors) order.emplace_back(key, t.detach().to(at::kCPU).contiguous());
-  uint64_t data_start = 0;
-  {
-    std::unique_ptr<WritableFile> f = storage.create(path);
-    data_start = write_safetensors(*f, tensors);
-    f->sync();
-    f->close();
-  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   VIDIT_CHECK(fd >= 0, "checkpoint part '", path, "' cannot be read back: ", std::strerror(errno));
   std::vector<char> buf(8 << 20);
@@ -124,6 +131,9 @@ nlohmann::json write_verified(Storage& storage, const std::string& path, const T
   uint64_t at = data_start;
   try {
     for (const auto& [key, t] : order) {
+      VIDIT_CHECK(!t.is_floating_point() || std::isfinite(t.sum(at::kDouble).item<double>()), "refusing to save step ",
+                  step, ": the training state is not finite ('", key, "' in ", path,
+                  "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
       XXH3_64bits_reset(state);
       const char* want = static_cast<const char*>(t.data_ptr());
       const uint64_t bytes = uint64_t(t.numel()) * t.element_size();
@@ -188,14 +198,28 @@ uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState
   fs::path tmp(tmp_dir);
   nlohmann::json files = nlohmann::json::object();
   uint64_t bytes = 0;
-  auto write = [&](const char* what, const TensorMap& m) {
-    const std::string file = part_name(what, s.part.index, s.part.count());
-    files[file] = write_verified(storage, (tmp / file).string(), m);
-    bytes += files[file].at("bytes").get<uint64_t>();
+  // The files one after another, the largest first; each one is read back and verified on a
+  // second thread while the next is written, so the disk never waits for a verification and
+  // only the last (smallest) file's read-back is not hidden.
+  std::vector<std::pair<std::string, const TensorMap*>> todo = {{"optimizer", &s.optimizer}, {"model", &s.model}};
+  if (has_ema) todo.insert(todo.begin() + 1, {"ema", &s.ema});
+  std::future<nlohmann::json> verifying;
+  std::string verifying_file;
+  auto collect = [&] {
+    if (!verifying.valid()) return;
+    files[verifying_file] = verifying.get();  // rethrows what the verification threw
+    bytes += files[verifying_file].at("bytes").get<uint64_t>();
   };
-  write("model", s.model);
-  if (has_ema) write("ema", s.ema);
-  write("optimizer", s.optimizer);
+  for (const auto& [what, m] : todo) {
+    const std::string file = part_name(what.c_str(), s.part.index, s.part.count()), path = (tmp / file).string();
+    const uint64_t data_start = write_file(storage, path, *m);
+    collect();
+    verifying_file = file;
+    verifying = std::async(std::launch::async, [path, m, data_start, step = s.step] {
+      return verify_file(path, *m, data_start, step);
+    });
+  }
+  collect();
   // This part's entries of the manifest: written last, so its presence means the part is done.
   storage.write_atomic((tmp / sums_name(s.part.index, s.part.count())).string(), files.dump());
   return bytes;

@@ -72,8 +72,10 @@ std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s
 // temporary directory.
 std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage);
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
-// Writes state.model, optimizer and (with_ema) ema as part state.part.index; a part may hold
-// no tensor of a kind and is written all the same. Returns the bytes written.
+// Writes state.model, optimizer and (with_ema) ema as part state.part.index, each file fsynced,
+// then read back and compared byte for byte (and checked finite) while the next is written; a
+// part may hold no tensor of a kind and is written all the same. Returns the bytes written;
+// throws when a file fails to write or verify, or the state is not finite.
 uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema,
                                Storage& storage);
 // A writer whose part failed says so (best effort), so that the commit stops waiting for it.

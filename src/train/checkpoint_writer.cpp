@@ -18,11 +18,6 @@ SaveReport CheckpointWriter::run(const SaveJob& job) {
   Storage& storage = job.storage ? *job.storage : local_storage();
   const std::string tmp = checkpoint_tmp_dir(job.out_dir, job.state.step);
   try {
-    for (const TensorMap* m : {&job.state.model, &job.state.ema, &job.state.optimizer})
-      for (const auto& [key, t] : *m)
-        VIDIT_CHECK(!t.is_floating_point() || at::isfinite(t).all().item<bool>(), "refusing to save step ",
-                    job.state.step, ": the training state is not finite ('", key, "' on rank ", job.rank,
-                    "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
     if (job.write) r.bytes = write_checkpoint_part(tmp, job.state, job.with_ema, storage);
   } catch (const std::exception& e) {
     r.error = e.what();

@@ -4,7 +4,9 @@
 // fsyncs it while training goes on, and rank 0's thread waits, on the file system, for every
 // part and commits the checkpoint. Nothing of this uses the ranks' communicator, so a save
 // never counts against a collective's timeout. A state that is not finite is never saved: the
-// writer checks the snapshot first and fails the part (so the save) when a tensor is not. One save is in flight at a time: the next one
+// verification of each file (checkpoint.h) fails the part, so the save, when a tensor is not.
+// Each file is verified on a second thread while the next one is written, so the disk writes
+// without pause. One save is in flight at a time: the next one
 // (and the end of the run) first waits for it, and all ranks then agree, with one collective,
 // on whether it committed.
 #pragma once

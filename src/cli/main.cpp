@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -37,6 +38,7 @@
 #include "resilience/run_lock.h"
 #include "resilience/stop_signal.h"
 #include "parallel/plan.h"
+#include "parallel/step_time.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
@@ -63,13 +65,53 @@ int cmd_info(const CommonOpts& o) {
   return 0;
 }
 
-int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib) {
+// --rates matmul=T,attention=T,peak=T (TFLOP/s),memory=G,link=G (GB/s): any of them.
+DeviceRates parse_rates(const std::string& text) {
+  DeviceRates r;
+  r.source = "given (--rates)";
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    VIDIT_CHECK(eq != std::string::npos, "plan --rates: '", item, "' is not name=value (names: matmul, attention, "
+                "peak in TFLOP/s; memory, link in GB/s)");
+    const std::string name = item.substr(0, eq);
+    double v = 0;
+    try {
+      v = std::stod(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      fail("plan --rates: '", item, "' has no number after '='");
+    }
+    if (name == "matmul") r.matmul_flops = v * 1e12;
+    else if (name == "attention") r.attention_flops = v * 1e12;
+    else if (name == "peak") r.peak_flops = v * 1e12;
+    else if (name == "memory") r.memory_bytes = v * 1e9;
+    else if (name == "link") r.link_bytes = v * 1e9;
+    else fail("plan --rates: unknown rate '", name, "' (matmul, attention, peak in TFLOP/s; memory, link in GB/s)");
+  }
+  return r;
+}
+
+int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib, const std::string& measure, const std::string& rates) {
   Config cfg = load_config(o.config, o.sets);
   std::printf("%s", format_info(cfg, model_info(cfg)).c_str());
   if (world <= 0) {
     const auto& p = cfg.parallel;
     validate_mesh(cfg, int(p.replicate * p.shard * p.ulysses * p.ring * p.tensor));
-    std::printf("%s", format_plan(cfg, plan_step(cfg)).c_str());
+    const StepPlan plan = plan_step(cfg);
+    std::printf("%s", format_plan(cfg, plan).c_str());
+    if (!measure.empty() || !rates.empty()) {
+      // Measured rates, with any given ones (the link, which one process cannot measure) on top.
+      DeviceRates r = measure.empty() ? DeviceRates{} : measure_rates(cfg, measure);
+      if (!rates.empty()) {
+        const DeviceRates given = parse_rates(rates);
+        for (auto [mine, theirs] : {std::pair{&r.matmul_flops, given.matmul_flops}, {&r.attention_flops, given.attention_flops},
+                                    {&r.memory_bytes, given.memory_bytes}, {&r.link_bytes, given.link_bytes},
+                                    {&r.peak_flops, given.peak_flops}})
+          if (theirs > 0) *mine = theirs;
+        r.source = measure.empty() ? given.source : r.source + " and given (--rates)";
+      }
+      std::printf("%s", format_step_time(predict_step_time(cfg, plan, r), r).c_str());
+    }
     return 0;
   }
   const double gpu_bytes = gpu_gib * double(1ull << 30);
@@ -425,6 +467,12 @@ int main(int argc, char** argv) {
   add_common(plan, o);
   plan->add_option("--world", plan_world, "list every mesh of this many ranks (fewest bytes sent first)");
   plan->add_option("--gpu-memory", gpu_gib, "GiB per GPU: mark the meshes whose memory per rank fits");
+  std::string plan_measure, plan_rates;
+  plan->add_option("--measure", plan_measure, "predict the step time and MFU from this device's measured rates")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  plan->add_option("--rates", plan_rates,
+                   "predict from given rates: matmul=,attention=,peak= (TFLOP/s), memory=,link= (GB/s); with "
+                   "--measure, these replace the measured ones");
   auto* keys = app.add_subcommand("keys", "every configuration key with its type, default and doc (Markdown)");
   auto* train = app.add_subcommand("train", "train a model");
   add_common(train, o);
@@ -479,7 +527,7 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return cmd_info(o);
     if (keys->parsed()) return std::printf("%s", config_reference().c_str()) < 0;
-    if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib);
+    if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib, plan_measure, plan_rates);
     if (train->parsed()) return cmd_train(o, fresh, max_steps);
     if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
     if (demo->parsed()) return cmd_demo(o, resume);

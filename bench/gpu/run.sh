@@ -34,7 +34,7 @@ summary() {
   echo
   echo "================ vidit GPU run summary ================"
   printf '%-14s %-8s %s\n' step status detail
-  for step in environment configure build tests kernel_error bench; do
+  for step in environment configure build tests kernel_error bench step_time; do
     printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
   done
   echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
@@ -141,7 +141,7 @@ t0=$SECONDS
 # Leave ~100 s for the tests and the benchmark.
 build_cap=$(($(left) - 100)); ((build_cap < 60)) && build_cap=60
 # Only what this script runs; -k 0 so one run shows every compile error at once.
-timeout "$build_cap" cmake --build "$BUILD" -j "$JOBS" --target vidit_tests bench_train_step vidit -- -k 0 \
+timeout "$build_cap" cmake --build "$BUILD" -j "$JOBS" --target vidit_tests bench_train_step bench_step_time vidit -- -k 0 \
   >"$LOGS/build.log" 2>&1; rc=$?
 if ((rc != 0)); then
   grep -E -m 20 'error|Error' "$LOGS/build.log"
@@ -232,6 +232,20 @@ if [[ -x "$BUILD/bench_train_step" ]]; then
   DETAIL[bench]=$(printf '%s; ' "${bench_detail[@]}")
 else
   STATUS[bench]=absent; DETAIL[bench]="$BUILD/bench_train_step not built"
+fi
+
+# The step-time model (vidit plan --measure cuda) against measured GPU steps.
+if [[ -x "$BUILD/bench_step_time" ]] && (($(left) >= 60)); then
+  say "bench_step_time --device cuda"
+  if timeout "$(cap 90)" "$BUILD/bench_step_time" --device cuda >"$LOGS/step_time.log" 2>&1; then
+    STATUS[step_time]=ok
+    DETAIL[step_time]=$(awk '$1 ~ /^(wide|middle|long)$/ { printf "%s measured/predicted %s; ", $1, $(NF-1) }' "$LOGS/step_time.log")
+  else
+    STATUS[step_time]=FAIL; DETAIL[step_time]="rc $? (see step_time.log)"
+  fi
+  cat "$LOGS/step_time.log"
+else
+  STATUS[step_time]=skipped
 fi
 
 summary

@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
-# A slow link and a host with a slow network, between real "hosts": four network namespaces, each
-# with its own hostname (a UTS namespace) that resolves to its own address (/etc/netns/<ns>/hosts,
-# which `ip netns exec` mounts over /etc/hosts), and a veth pair to every other one, so that each
-# pair of hosts talks over its own link. tc slows one link (netem delay and rate where the kernel
+# A slow link and a host with a slow network, between real "hosts": four network namespaces with
+# their own hostnames and a link between every two (netns_hosts.sh). tc slows one link (netem delay and rate where the kernel
 # has it, else a tbf rate limit), then every link of one host. `vidit health --checks network` runs one rank per host (the
 # torchrun environment; gloo binds to the address its hostname resolves to) and must name the slow pair in the
 # first case and exclude the host in the second. Last, `vidit train` runs on the four hosts as two
@@ -17,32 +15,10 @@ HOSTS=4
 TAG=vl$$
 fail() { echo "FAIL: $*"; exit 1; }
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null; then
-  echo "skipped: needs root, ip, tc and unshare"; exit 77
-fi
-ns() { echo "${TAG}h$1"; }
-cleanup() { for i in $(seq 0 $((HOSTS - 1))); do ip netns del "$(ns "$i")" 2>/dev/null; rm -rf "/etc/netns/$(ns "$i")"; done; }
-trap cleanup EXIT
-
-addr() { echo "10.201.0.$(($1 + 1))"; }
-for i in $(seq 0 $((HOSTS - 1))); do
-  ip netns add "$(ns "$i")" || { echo "skipped: cannot make network namespaces"; exit 77; }
-  ip -n "$(ns "$i")" link set lo up
-  ip -n "$(ns "$i")" addr add "$(addr "$i")/32" dev lo
-  mkdir -p "/etc/netns/$(ns "$i")"
-  printf '127.0.0.1 localhost\n%s node%s\n' "$(addr "$i")" "$i" >"/etc/netns/$(ns "$i")/hosts"
-  ip netns exec "$(ns "$i")" sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
-done
-# One veth pair per pair of hosts (v<i><j> in host i), and a route to the other's address over it.
-for i in $(seq 0 $((HOSTS - 1))); do
-  for j in $(seq $((i + 1)) $((HOSTS - 1))); do
-    ip link add "v$i$j" netns "$(ns "$i")" type veth peer name "v$j$i" netns "$(ns "$j")"
-    ip -n "$(ns "$i")" link set "v$i$j" up
-    ip -n "$(ns "$j")" link set "v$j$i" up
-    ip -n "$(ns "$i")" route add "$(addr "$j")/32" dev "v$i$j" src "$(addr "$i")"
-    ip -n "$(ns "$j")" route add "$(addr "$i")/32" dev "v$j$i" src "$(addr "$j")"
-  done
-done
+command -v tc >/dev/null || { echo "skipped: needs tc"; exit 77; }
+# shellcheck source=netns_hosts.sh
+source "$(dirname "$0")/netns_hosts.sh"
+make_hosts || exit 77
 # slow i j: both directions of the link between hosts i and j.
 SLOW="netem delay 4ms rate 200mbit"
 slow() {
@@ -58,7 +34,7 @@ OUT=$(mktemp -d)
 run() {  # run NAME: one rank per host; rank 0's output in $OUT/NAME.0
   local port=$((20000 + RANDOM % 20000)) pids=()
   for i in $(seq 0 $((HOSTS - 1))); do
-    ip netns exec "$(ns "$i")" unshare --uts sh -c "hostname node$i && exec env RANK=$i WORLD_SIZE=$HOSTS LOCAL_RANK=0 \
+    on_host "$i" "env RANK=$i WORLD_SIZE=$HOSTS LOCAL_RANK=0 \
       LOCAL_WORLD_SIZE=1 MASTER_ADDR=$(addr 0) MASTER_PORT=$port VIDIT_COMM=gloo \
       timeout 120 $VIDIT health --checks network --exclude-file $OUT/$1.exclude --set train.threads=1 \
       train.out_dir=$OUT/$1" >"$OUT/$1.$i" 2>&1 &
@@ -93,7 +69,7 @@ for j in 0 1 3; do fast 2 $j; done
 slow 0 1
 port=$((20000 + RANDOM % 20000)); pids=()
 for i in $(seq 0 $((HOSTS - 1))); do
-  ip netns exec "$(ns "$i")" unshare --uts sh -c "hostname node$i && exec env RANK=$i WORLD_SIZE=$HOSTS LOCAL_RANK=0 \
+  on_host "$i" "env RANK=$i WORLD_SIZE=$HOSTS LOCAL_RANK=0 \
     LOCAL_WORLD_SIZE=1 MASTER_ADDR=$(addr 0) MASTER_PORT=$port VIDIT_COMM=gloo timeout 180 $VIDIT train --set \
     model.dim=256 model.ffn_dim=512 model.heads=4 model.layers=2 model.in_channels=4 model.patch=[1,2,2] \
     model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic \

@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     std::vector<double> pause, write, step, quiet, disk;
     double bytes = 0;
   };
-  std::vector<Mode> modes = {{"synchronous", false, {}, {}, {}}, {"asynchronous", true, {}, {}, {}}};
+  std::vector<Mode> modes = {{"synchronous", false, {}, {}, {}, {}, {}}, {"asynchronous", true, {}, {}, {}, {}, {}}};
   double params = 0;
   // The disk is measured right before each save (it drifts on a shared machine).
   const uint64_t probe_bytes = 1ull << 30;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <cmath>
 #include <future>
+#include <set>
 #include <thread>
 #include <chrono>
 
@@ -179,14 +180,18 @@ std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step) {
   return (fs::path(out_dir) / "checkpoints" / (step_name(step) + ".tmp")).string();
 }
 
-std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage) {
+std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage,
+                             const std::vector<int64_t>& writing) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   storage.create_dirs(root.string());
-  // Saves that never committed (a killed run) leave .tmp directories: one save runs at a time,
-  // so every one found now is stale.
+  // Saves that never committed (a killed run) leave .tmp directories: every one found now is
+  // stale, but those of the saves still being written.
+  std::set<std::string> keep;
+  for (int64_t s : writing) keep.insert(step_name(s) + ".tmp");
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp")
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp" &&
+        !keep.count(n))
       storage.remove_all(e.path().string());
   }
   fs::path tmp = checkpoint_tmp_dir(out_dir, step);

@@ -70,7 +70,9 @@ struct CheckpointState {
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep);
 // The save in three steps (see above), through `storage` (core/storage.h). begin returns the
 // temporary directory.
-std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage);
+// `writing`: the steps of saves still being written, whose directories are not stale.
+std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage,
+                             const std::vector<int64_t>& writing = {});
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
 // Writes state.model, optimizer and (with_ema) ema as part state.part.index, each file fsynced,
 // then read back and compared byte for byte (and checked finite) while the next is written; a

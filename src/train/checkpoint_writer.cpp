@@ -1,5 +1,6 @@
 #include "train/checkpoint_writer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -8,7 +9,8 @@
 namespace vidit {
 
 CheckpointWriter::~CheckpointWriter() {
-  if (thread_.joinable()) thread_.join();
+  for (Save& s : saves_)
+    if (s.thread.joinable()) s.thread.join();
 }
 
 SaveReport CheckpointWriter::run(const SaveJob& job) {
@@ -37,20 +39,45 @@ SaveReport CheckpointWriter::run(const SaveJob& job) {
 }
 
 void CheckpointWriter::start(SaveJob job, double blocked_s) {
-  VIDIT_CHECK(!thread_.joinable(), "a checkpoint save is already in flight");
-  report_ = SaveReport{};
-  finished_ = false;
-  thread_ = std::thread([this, job = std::move(job), blocked_s] {
-    report_ = run(job);
-    report_.blocked_s = blocked_s;
-    finished_ = true;
+  VIDIT_CHECK(saves_.size() < 2, "two checkpoint saves are already in flight");
+  // Written after the save in flight: one writer at a time on the storage.
+  std::shared_future<void> before = saves_.empty() ? std::shared_future<void>() : saves_.back().done;
+  auto finished = std::make_shared<std::promise<void>>();
+  Save s;
+  s.step = job.state.step;
+  s.report = std::make_shared<SaveReport>();
+  s.done = finished->get_future().share();
+  s.thread = std::thread([job = std::move(job), blocked_s, before, finished, report = s.report] {
+    if (before.valid()) before.wait();
+    try {
+      *report = run(job);
+    } catch (const std::exception& e) {  // run() reports its own failures; this is a last guard
+      report->step = job.state.step, report->error = e.what();
+    }
+    report->blocked_s = blocked_s;
+    finished->set_value();
   });
+  saves_.push_back(std::move(s));
 }
 
 std::optional<SaveReport> CheckpointWriter::wait() {
-  if (!thread_.joinable()) return std::nullopt;
-  thread_.join();
-  return report_;
+  if (saves_.empty()) return std::nullopt;
+  Save s = std::move(saves_.front());
+  saves_.pop_front();
+  s.thread.join();
+  return *s.report;
+}
+
+std::vector<int64_t> CheckpointWriter::steps() const {
+  std::vector<int64_t> out;
+  for (const Save& s : saves_) out.push_back(s.step);
+  return out;
+}
+
+bool CheckpointWriter::finished() const {
+  return std::all_of(saves_.begin(), saves_.end(), [](const Save& s) {
+    return s.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
 }
 
 TensorMap snapshot(const TensorMap& from, TensorMap& buffers) {

@@ -3,7 +3,9 @@
 // thread on each rank then writes that rank's part (checkpoint.h: write_checkpoint_part) and
 // fsyncs it while training goes on, and rank 0's thread waits, on the file system, for every
 // part and commits the checkpoint. Nothing of this uses the ranks' communicator, so a save
-// never counts against a collective's timeout. A state that is not finite is never saved: the
+// never counts against a collective's timeout. A save that comes while the previous one is still
+// being written snapshots into a second set of host buffers and is written right after it
+// (double buffering), so training does not wait for the previous write unless a third comes. A state that is not finite is never saved: the
 // verification of each file (checkpoint.h) fails the part, so the save, when a tensor is not.
 // Each file is verified on a second thread while the next one is written, so the disk writes
 // without pause. One save is in flight at a time: the next one
@@ -11,11 +13,14 @@
 // on whether it committed.
 #pragma once
 #include <cstdint>
-#include <atomic>
+#include <deque>
+#include <future>
+#include <memory>
 #include <functional>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "train/checkpoint.h"
 
@@ -50,23 +55,30 @@ struct SaveReport {
 class CheckpointWriter {
  public:
   CheckpointWriter() = default;
-  ~CheckpointWriter();  // waits for a save in flight: a checkpoint is never abandoned half-written
+  ~CheckpointWriter();  // waits for the saves in flight: a checkpoint is never abandoned half-written
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
-  // Starts writing `job` in the background; a save must not be in flight.
+  // Starts writing `job` in the background, after the save in flight if there is one (its
+  // snapshot is in the other set of host buffers); at most two may be in flight.
   void start(SaveJob job, double blocked_s);
   // Writes `job` on the calling thread.
   static SaveReport run(const SaveJob& job);
-  // Waits for the save in flight, if any, and returns what came of it.
+  // Waits for the oldest save in flight, if any, and returns what came of it.
   std::optional<SaveReport> wait();
-  bool in_flight() const { return thread_.joinable(); }
-  // In flight and done writing (wait() would return at once).
-  bool finished() const { return thread_.joinable() && finished_.load(); }
+  // Saves started and not yet waited for, and their steps (oldest first).
+  int in_flight() const { return int(saves_.size()); }
+  std::vector<int64_t> steps() const;
+  // Every save in flight is done writing (wait() would return at once).
+  bool finished() const;
 
  private:
-  std::thread thread_;
-  std::atomic<bool> finished_{false};
-  SaveReport report_;
+  struct Save {
+    int64_t step = -1;
+    std::thread thread;
+    std::shared_ptr<SaveReport> report;
+    std::shared_future<void> done;
+  };
+  std::deque<Save> saves_;
 };
 
 // Copies `from` into `buffers` (same keys; a buffer is made, pinned for GPU tensors, only when

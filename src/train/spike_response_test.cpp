@@ -80,7 +80,9 @@ TEST(Spikes, APoisonedCacheSampleIsBlamedByItsSourceQuarantinedAndSkipped) {
   VIDIT_REQUIRE_MPI();
   test::ScratchDir dir("quarantine");
   const std::string out = dir.path() + "/run";
-  auto r = test::mpirun(2, demo_run(out, "parallel.shard=2 train.steps=80 train.spike_action=skip train.quarantine_after=2"), 300);
+  const int64_t steps = 120;
+  auto r = test::mpirun(2, demo_run(out, "parallel.shard=2 train.steps=" + std::to_string(steps) +
+                                             " train.spike_action=skip train.quarantine_after=2"), 300);
   ASSERT_EQ(r.status, 0) << r.output;
   const auto spikes = events_of(out, "spike");
   ASSERT_GE(spikes.size(), 2u) << r.output;
@@ -109,11 +111,11 @@ TEST(Spikes, APoisonedCacheSampleIsBlamedByItsSourceQuarantinedAndSkipped) {
     EXPECT_NE(r.output.find("[loader] skipping quarantined sample " + key), std::string::npos) << r.output;
   }
   EXPECT_GE(quarantined, 1);
-  EXPECT_LT(last_quarantine, 80);
+  EXPECT_LT(last_quarantine, steps);
   size_t lines = 0;
   const auto metrics = metrics_by_step(out, &lines);
-  EXPECT_EQ(lines, 80u);
-  EXPECT_EQ(metrics.rbegin()->first, 80);
+  EXPECT_EQ(int64_t(lines), steps);
+  EXPECT_EQ(metrics.rbegin()->first, steps);
 }
 
 TEST(Spikes, RollbackReturnsToTheCheckpointAndReplaysWithoutTheSample) {

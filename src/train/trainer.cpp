@@ -109,9 +109,11 @@ std::string Trainer::save() {
 void Trainer::start_save() {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& tc = cfg_.train;
-  // One save at a time: the previous one ends (and all ranks agree on it) first. Replicas
-  // that disagree are never saved.
-  finish_save();
+  // Two saves may be in flight: one being written and this one, snapshotted into the other set
+  // of host buffers and written after it. A third waits for the oldest (and all ranks agree on
+  // it) first. Replicas that disagree are never saved.
+  // (A synchronous save's report is told first.)
+  if (sync_report_ || writer_.in_flight() >= 2) finish_oldest_save();
   check_replicas_or_stop();
   watchdog_->beat("saving a checkpoint", step_, /*adaptive=*/false);
   SaveJob job;
@@ -157,13 +159,16 @@ void Trainer::start_save() {
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
   // Rank 0 opens the directory (removing what a killed save left) before any part is written.
-  if (is_lead()) begin_checkpoint(tc.out_dir, step_, local_storage());
+  // (Not the one of the save still being written.)
+  if (is_lead()) begin_checkpoint(tc.out_dir, step_, local_storage(), writer_.steps());
   mesh_->world()->barrier();
   // The state as it is now, in host buffers kept from one save to the next.
   if (job.write) {
-    s.model = snapshot(model, snap_model_);
-    s.ema = snapshot(ema, snap_ema_);
-    s.optimizer = snapshot(optimizer, snap_optimizer_);
+    Snapshots& into = snaps_[snap_slot_];
+    snap_slot_ = 1 - snap_slot_;
+    s.model = snapshot(model, into.model);
+    s.ema = snapshot(ema, into.ema);
+    s.optimizer = snapshot(optimizer, into.optimizer);
   }
   const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_save_time_ = std::chrono::steady_clock::now();
@@ -177,6 +182,13 @@ void Trainer::start_save() {
 }
 
 std::string Trainer::finish_save() {
+  // Every save in flight, oldest first; a synchronous save's report, or nothing.
+  std::string dir = finish_oldest_save();
+  while (writer_.in_flight() > 0) dir = finish_oldest_save();
+  return dir;
+}
+
+std::string Trainer::finish_oldest_save() {
   std::optional<SaveReport> done = writer_.in_flight() ? writer_.wait() : std::move(sync_report_);
   sync_report_.reset();
   // Collective: every rank calls this at the same points, with or without a save in flight.
@@ -472,7 +484,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       after_step(r);
       watchdog_->beat("training", step_);
     }
-    if (faults_.process_fault_after(r.step) && writer_.in_flight()) finish_save();  // the same on all ranks
+    if (faults_.process_fault_after(r.step) && writer_.in_flight() > 0) finish_save();  // the same on all ranks
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
     if (cfg_.train.replica_check_every > 0 && r.step % cfg_.train.replica_check_every == 0) check_replicas_or_stop();
     // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
@@ -484,10 +496,10 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
                               minutes * 60;
     // And whether a save is still being written on some rank: once none is, it is finished
     // (and reported) at once rather than at the next save.
-    const bool writing = writer_.in_flight() && !writer_.finished();
+    const bool writing = writer_.in_flight() > 0 && !writer_.finished();
     at::Tensor flags = at::tensor({stop_requested() ? 1.0 : 0.0, time_due ? 1.0 : 0.0, writing ? 1.0 : 0.0}, at::kDouble);
     mesh_->world()->all_reduce(flags, ReduceOp::Max)->wait();
-    if (writer_.in_flight() && flags[2].item<double>() == 0) finish_save();
+    if (writer_.in_flight() > 0 && flags[2].item<double>() == 0) finish_save();
     if (flags[0].item<double>() > 0) {
       stopped_ = true;
       if (is_lead())

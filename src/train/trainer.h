@@ -90,8 +90,9 @@ class Trainer {
   std::string save();
   // The same in two halves (train/checkpoint_writer.h): start_save() snapshots the state and
   // leaves the writing to a background thread (train.ckpt_async; else it writes at once);
-  // finish_save() waits for it and agrees with the other ranks on whether it committed.
-  // Both are collective; start_save() first finishes the save in flight.
+  // finish_save() waits for every save in flight and agrees with the other ranks on whether
+  // each committed. Both are collective; two saves may be in flight (start_save() finishes the
+  // oldest when a third comes).
   void start_save();
   std::string finish_save();
   // Rank 0 of the mesh: the one that reports.
@@ -147,7 +148,12 @@ class Trainer {
   // Saves: the writer, the host buffers of the snapshots (kept between saves), a synchronous
   // save's report, failures in a row, and when the last save began.
   CheckpointWriter writer_;
-  TensorMap snap_model_, snap_ema_, snap_optimizer_;
+  struct Snapshots {
+    TensorMap model, ema, optimizer;
+  };
+  Snapshots snaps_[2];  // two sets: a save snapshots into one while the other is written
+  int snap_slot_ = 0;
+  std::string finish_oldest_save();  // finish_save() for the oldest save in flight only
   std::optional<SaveReport> sync_report_;
   int64_t failed_saves_ = 0;
   std::chrono::steady_clock::time_point last_save_time_;

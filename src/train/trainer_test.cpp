@@ -248,6 +248,42 @@ TEST(Checkpoint, AsynchronousSaveWritesInTheBackgroundAndEqualsTheSynchronousOne
   EXPECT_NE(line.find("\"blocked_s\""), std::string::npos) << line;
 }
 
+TEST(Checkpoint, ASaveWhileThePreviousIsWrittenDoesNotWaitForIt) {
+  // The save of step 2 is slow (0.3 s more per file). The save of step 3 comes while it is
+  // written: it snapshots into the second set of host buffers and returns at once, with step 2
+  // still not committed; both then commit, in order, and each equals, bit for bit, a synchronous
+  // save of its step (had the second snapshot gone into the buffers being written, step 2's
+  // checkpoint would hold step 3's state).
+  ScratchDir a("double_buffer"), b("double_buffer_sync");
+  auto config = [](const std::string& out, bool async) {
+    return tiny_config({"train.steps=5", "train.keep_checkpoints=3", "train.out_dir=\"" + out + "\"",
+                        std::string("train.ckpt_async=") + (async ? "true" : "false"), "faults.kind=\"slow_storage\"",
+                        "faults.step=2", "faults.seconds=0.3"});
+  };
+  Config ca = config(a.path(), true), cb = config(b.path(), false);
+  Trainer t(ca, synthetic(ca), null_text(ca)), u(cb, synthetic(cb), null_text(cb));
+  t.step(), t.step();
+  t.start_save();
+  t.step();
+  t.start_save();  // step 3, while step 2 is written
+  EXPECT_FALSE(latest_checkpoint(a.path()).has_value()) << "the second save waited for the first";
+  t.step();
+  const std::string dir3 = t.finish_save();
+  ASSERT_FALSE(dir3.empty());
+  EXPECT_EQ(load_checkpoint(dir3).step, 3);
+  const std::string dir2 = a / "checkpoints/step_00000002";
+  ASSERT_TRUE(std::filesystem::exists(dir2 + "/meta.json"));
+  u.step(), u.step();
+  const std::string sync2 = u.save();
+  u.step();
+  const std::string sync3 = u.save();
+  for (const auto& [mine, theirs] : {std::pair{dir2, sync2}, std::pair{dir3, sync3}}) {
+    const CheckpointState x = load_checkpoint(mine), y = load_checkpoint(theirs);
+    for (const auto& [key, v] : x.model) EXPECT_TRUE(at::equal(v, y.model.at(key))) << mine << " " << key;
+    for (const auto& [key, v] : x.optimizer) EXPECT_TRUE(at::equal(v, y.optimizer.at(key))) << mine << " " << key;
+  }
+}
+
 TEST(Checkpoint, FailedSaveKeepsTrainingAndTheLastGoodCheckpoint) {
   // The disk fills during the save of step 2: that save fails (reported, nothing committed,
   // nothing older touched), training goes on, and the save of step 4 commits.

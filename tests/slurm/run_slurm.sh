@@ -95,11 +95,17 @@ equal=no
 HJOB=$(cd "$ROOT" && sbatch --parsable --nodes=1 --ntasks=2 --output="$W/health.out" \
   --export=ALL,VIDIT="$VIDIT",VIDIT_EXCLUDE="$W/exclude.txt",VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/unhealthy faults.kind=slow faults.seconds=1" \
   scripts/slurm/vidit.sbatch) || fail "sbatch (health)"
-for _ in $(seq 600); do grep -q "resubmitted as job" "$W/health.out" 2>/dev/null && break; sleep 0.2; done
-node=$(sed -n 1p "$W/exclude.txt" 2>/dev/null)
-next=$(sed -n 's/.*resubmitted as job \([0-9]*\).*/\1/p' "$W/health.out")
-excluded=no
-[ -n "$next" ] && [ -n "$node" ] && scontrol show job "$next" | grep -q "ExcNodeList=$node" && excluded=yes
+# resubmitted LOG LIST TRIES: waits for the job of LOG to resubmit itself; sets NODE (the first host
+# of LIST), NEXT (the new job) and EXCLUDED (yes when the new job excludes NODE).
+resubmitted() {
+  for _ in $(seq "$3"); do grep -q "resubmitted as job" "$1" 2>/dev/null && break; sleep 0.2; done
+  NODE=$(sed -n 1p "$2" 2>/dev/null)
+  NEXT=$(sed -n 's/.*resubmitted as job \([0-9]*\).*/\1/p' "$1")
+  EXCLUDED=no
+  [ -n "$NEXT" ] && [ -n "$NODE" ] && scontrol show job "$NEXT" | grep -q "ExcNodeList=$NODE" && EXCLUDED=yes
+}
+resubmitted "$W/health.out" "$W/exclude.txt" 600
+node=$NODE next=$NEXT excluded=$EXCLUDED
 [ -f "$W/unhealthy/metrics.jsonl" ] && { ok=no; note="$note trained on an unhealthy node"; }
 [ "$excluded" = yes ] || { ok=no; note="$note unhealthy node not excluded"; cat "$W/health.out"; }
 [ -n "$next" ] && scancel "$next"
@@ -110,11 +116,8 @@ excluded=no
 CJOB=$(cd "$ROOT" && sbatch --parsable --nodes=1 --ntasks=2 --output="$W/crash.out" \
   --export=ALL,VIDIT="$VIDIT",VIDIT_HEALTH=0,VIDIT_EXCLUDE="$W/crash_exclude.txt",VIDIT_CONFIG="$W/tiny.toml",VIDIT_SETS="train.out_dir=$W/crashing faults.kind=kill faults.step=3 faults.rank=1 train.exclude_after_crashes=1 train.stall_min_s=5 train.stall_steps=3" \
   scripts/slurm/vidit.sbatch) || fail "sbatch (crash)"
-for _ in $(seq 900); do grep -q "resubmitted as job" "$W/crash.out" 2>/dev/null && break; sleep 0.2; done
-cnode=$(sed -n 1p "$W/crash_exclude.txt" 2>/dev/null)
-cnext=$(sed -n 's/.*resubmitted as job \([0-9]*\).*/\1/p' "$W/crash.out")
-crash_excluded=no
-[ -n "$cnext" ] && [ -n "$cnode" ] && scontrol show job "$cnext" | grep -q "ExcNodeList=$cnode" && crash_excluded=yes
+resubmitted "$W/crash.out" "$W/crash_exclude.txt" 900
+cnode=$NODE cnext=$NEXT crash_excluded=$EXCLUDED
 grep -q "the previous attempt lost rank 1 on $cnode" "$W/crash.out" || { crash_excluded=no; note="$note lost rank not named"; }
 grep -q "attempt 1 on" "$W/crash.out" || { crash_excluded=no; note="$note no second attempt"; }
 grep -q "vidit exited with status 3" "$W/crash.out" || { crash_excluded=no; note="$note attempt 1 did not refuse the host"; }

@@ -18,6 +18,7 @@ std::vector<DeadRank> ranks_that_died(const std::string& dir, const std::vector<
   std::vector<DeadRank> silent;
   std::set<int> seen;
   std::vector<int64_t> last_ms, entered;  // per silent rank: its last heartbeat, collectives entered
+  std::vector<double> blocked;            // and how long it had waited in a collective then
   int spoke = 0;
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(dir, ec)) {
@@ -37,11 +38,16 @@ std::vector<DeadRank> ranks_that_died(const std::string& dir, const std::vector<
                       j.value("step", int64_t(0))});
     last_ms.push_back(j.value("time_ms", int64_t(0)));
     entered.push_back(j.value("collectives", int64_t(-1)));
+    blocked.push_back(j.value("blocked_s", 0.0));
   }
   if (spoke == 0 && silent.size() > 1) {
-    // Every rank was killed: the first to die stopped beating, and entering collectives, first.
+    // Every rank was killed: the first to die stopped beating, and entering collectives, first,
+    // while the others went on to wait for it.
     const int64_t newest = *std::max_element(last_ms.begin(), last_ms.end());
     const int64_t most = *std::max_element(entered.begin(), entered.end());
+    bool waited = false;
+    for (size_t i = 0; i < silent.size(); ++i) waited |= entered[i] == most && blocked[i] > 0;
+    if (!waited) return {};
     std::vector<DeadRank> first;
     for (size_t i = 0; i < silent.size(); ++i)
       if (last_ms[i] > 0 && last_ms[i] + kSilentGapMs <= newest && entered[i] < most) first.push_back(silent[i]);

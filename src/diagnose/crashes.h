@@ -10,8 +10,12 @@
 // ones that died first. When every rank is silent (srun with PMIx SIGKILLs a step's other tasks
 // about a second after one dies; the whole job killed at once), the ones that died first are
 // those whose last heartbeat is both older, by kSilentGapMs, and behind in collectives entered,
-// than the newest: the others went on beating, and entered the collective the dead rank never
-// reached. When no rank stands out so, none is blamed. Each is recorded as a "crashed" event with its host; a host that crashed
+// than the newest, when a rank that entered the most was waiting in a collective at its last
+// heartbeat: the others went on, entered the collective the dead rank never reached, and
+// waited in it (a wait of watchdog.h's kBlockedBeatS gets a heartbeat at once, so one lands
+// after the dead rank's last even when the launcher kills the rest within half a second). When
+// no rank stands out so, none is blamed: a rank that is only late looks the same, and a job
+// killed whole while every rank was computing blames no one. Each is recorded as a "crashed" event with its host; a host that crashed
 // `after` attempts goes to the exclude list (diagnose/health.h add_to_exclude_list). The
 // heartbeats read are moved to <dir>.previous, so no attempt counts them twice.
 #pragma once
@@ -23,7 +27,7 @@
 
 namespace vidit {
 
-inline constexpr int64_t kSilentGapMs = 500;
+inline constexpr int64_t kSilentGapMs = 150;
 
 struct DeadRank {
   int rank = 0;

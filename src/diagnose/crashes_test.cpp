@@ -65,19 +65,24 @@ namespace {
 // first is the one that died; two ranks that stopped together are not told apart.
 TEST(Crashes, WhenEveryRankIsSilentTheOneThatStoppedFirstIsBlamed) {
   test::ScratchDir dir("silent");
-  auto beat = [&](int rank, int64_t ms, int64_t collectives) {
+  auto beat = [&](int rank, int64_t ms, int64_t collectives, double blocked_s) {
     std::ofstream(dir / ("rank_0000" + std::to_string(rank) + ".json"))
-        << nlohmann::json{{"rank", rank}, {"host", "h" + std::to_string(rank)}, {"phase", "training"}, {"step", 3},
-                          {"collectives", collectives}, {"time_ms", ms}, {"signal", 0}, {"ended", ""}}.dump();
+        << nlohmann::json{{"rank", rank},          {"host", "h" + std::to_string(rank)}, {"phase", "training"},
+                          {"step", 3},             {"collectives", collectives},         {"blocked_s", blocked_s},
+                          {"time_ms", ms},         {"signal", 0},                        {"ended", ""}}
+               .dump();
   };
-  beat(0, 100900, 231), beat(1, 100000, 227), beat(2, 100950, 231);
+  // Ranks 0 and 2 waited 0.2 s in collective 231, which rank 1 never entered; killed 0.3 s later.
+  beat(0, 100300, 231, 0.21), beat(1, 100000, 227, 0), beat(2, 100250, 231, 0.2);
   const auto dead = ranks_that_died(dir.path(), {"h0", "h1", "h2"});
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0].rank, 1);
   EXPECT_EQ(dead[0].host, "h1");
-  beat(1, 100800, 227);  // it beat as late as the others: nothing tells it apart
+  beat(1, 100200, 227, 0);  // it beat as late as the others: nothing tells it apart
   EXPECT_TRUE(ranks_that_died(dir.path(), {"h0", "h1", "h2"}).empty());
-  beat(1, 100000, 231);  // it had entered as many collectives
+  beat(1, 100000, 231, 0);  // it had entered as many collectives
+  EXPECT_TRUE(ranks_that_died(dir.path(), {"h0", "h1", "h2"}).empty());
+  beat(1, 100000, 227, 0), beat(0, 100300, 231, 0), beat(2, 100250, 231, 0);  // nobody was waiting
   EXPECT_TRUE(ranks_that_died(dir.path(), {"h0", "h1", "h2"}).empty());
 }
 

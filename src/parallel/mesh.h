@@ -52,6 +52,8 @@ class Mesh {
   CommTimes comm_times() const { return timed_->times(); }
   // Collectives entered by this member so far (any thread may ask).
   int64_t collectives_issued() const { return timed_->issued(); }
+  // How long the collective this member waits in now has lasted (0: none).
+  double blocked_s() const { return timed_->blocked_s(); }
 
  private:
   std::shared_ptr<Comm> world_;

@@ -32,7 +32,12 @@ class TimedWork : public Work {
   void wait() override {
     if (done_) return;
     const double t0 = trace::now_us();
-  shared_->issued.fetch_add(1, std::memory_order_relaxed);
+    shared_->issued.fetch_add(1, std::memory_order_relaxed);
+    shared_->waiting_since_us.store(std::max(t0, 1.0));
+    struct Unblock {
+      std::atomic<double>& since;
+      ~Unblock() { since.store(0); }
+    } unblock{shared_->waiting_since_us};
     inner_->wait();
     const double t1 = trace::now_us();
     done_ = true;
@@ -71,6 +76,11 @@ class TimedWork : public Work {
 };
 
 }  // namespace
+
+double TimedComm::blocked_s() const {
+  const double since = shared_->waiting_since_us.load();
+  return since > 0 ? std::max(0.0, trace::now_us() - since) * 1e-6 : 0.0;
+}
 
 double CommTimes::wait_s() const {
   double s = 0;
@@ -135,6 +145,11 @@ WorkPtr TimedComm::recv(at::Tensor& t, int src, int tag) {
 void TimedComm::barrier() {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
+  shared_->waiting_since_us.store(std::max(t0, 1.0));
+  struct Unblock {
+    std::atomic<double>& since;
+    ~Unblock() { since.store(0); }
+  } unblock{shared_->waiting_since_us};
   inner_->barrier();
   const double t1 = trace::now_us();
   std::lock_guard<std::mutex> lock(shared_->mu);

@@ -72,11 +72,16 @@ class TimedComm : public ForwardingComm {
   // from any thread. Every rank of an SPMD job enters the same sequence, so the rank with the
   // lowest count when a job hangs is the one the others wait for (resilience/watchdog.h).
   int64_t issued() const { return shared_->issued.load(std::memory_order_relaxed); }
+  // How long the wait() (or barrier) this rank is blocked in now has lasted, in seconds; 0 when
+  // it is not in one. Safe from any thread: the watchdog writes a heartbeat when a wait grows
+  // long, so a restart can tell the rank that never arrived from those that waited for it.
+  double blocked_s() const;
 
   struct Shared {
     std::mutex mu;
     CommTimes times;
     std::atomic<int64_t> issued{0};
+    std::atomic<double> waiting_since_us{0};  // 0: not in a wait
   };
 
  private:

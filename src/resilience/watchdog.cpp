@@ -126,10 +126,11 @@ void Watchdog::beat(const char* phase, int64_t step, bool adaptive) {
 }
 
 void Watchdog::report_to(const std::string& dir, int world, std::function<int64_t()> issued,
-                         std::function<void(const std::string&)> on_stall) {
+                         std::function<double()> blocked, std::function<void(const std::string&)> on_stall) {
   std::lock_guard<std::mutex> lock(mu_);
   std::filesystem::create_directories(dir);
-  dir_ = dir, world_ = world, issued_ = std::move(issued), on_stall_ = std::move(on_stall);
+  dir_ = dir, world_ = world, issued_ = std::move(issued), blocked_ = std::move(blocked),
+  on_stall_ = std::move(on_stall);
   // A first heartbeat at once (a rank that dies in its first second still leaves one), and the
   // file a stop signal's handler writes.
   char name[32];
@@ -162,6 +163,7 @@ void Watchdog::write_heartbeat() {  // with mu_ held
                             {"phase", phase_.load()},
                             {"step", step_.load()},
                             {"collectives", issued_ ? issued_() : -1},
+                            {"blocked_s", blocked_ ? blocked_() : 0.0},
                             {"idle_s", double(now_ns() - last_ns_.load()) / 1e9},
                             {"time", long(std::time(nullptr))},
                             {"time_ms", int64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -222,6 +224,10 @@ void Watchdog::watch() {
   while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) {
     if (stop_signal() != signal_seen) {
       signal_seen = stop_signal();
+      write_heartbeat();
+    }
+    if (blocked_ && issued_ && blocked_() >= kBlockedBeatS && issued_() != blocked_beat_) {
+      blocked_beat_ = issued_();
       write_heartbeat();
     }
     if (std::chrono::steady_clock::now() < next) continue;

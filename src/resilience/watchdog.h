@@ -14,7 +14,10 @@
 // well before a collective timeout. And each rank's watchdog writes a heartbeat file every
 // second (report_to: <dir>/rank_NNNNN.json with its host, pid, phase, step and the number of
 // collectives it has entered, from the watchdog's own thread, so a rank whose main thread is
-// stuck still reports; also a stop signal it received, at once, and how the process ended:
+// stuck still reports; also at once when a wait in a collective has lasted kBlockedBeatS, with
+// how long it has (`blocked_s`): when a rank dies and the launcher kills the others a moment
+// later, the survivors' last heartbeats then show that they were waiting, in a collective the
+// dead one never entered, after its last heartbeat; also a stop signal it received, at once, and how the process ended:
 // "exited" from the destructor, "watchdog"; a rank killed or crashed leaves neither, which is
 // how a restart finds it, diagnose/crashes.h). When a watchdog fires it reads every rank's
 // heartbeat and names the ranks that did not arrive: those that entered fewer collectives than
@@ -39,6 +42,8 @@ namespace vidit {
 
 // The exit status of a process the watchdog ended.
 inline constexpr int kStallStatus = 86;
+// A wait in a collective this long gets a heartbeat of its own (once per wait).
+inline constexpr double kBlockedBeatS = 0.2;
 
 class Watchdog {
  public:
@@ -53,9 +58,10 @@ class Watchdog {
   // The median step time so far (0: not known yet; the step-based limit waits for it).
   void expect_step_s(double s) { step_s_.store(s); }
   // Heartbeats of `world` ranks in `dir`; `issued`: collectives this rank entered (any thread);
-  // `on_stall`: told the report before the process ends (rank 0 records it in events.jsonl).
+  // `blocked`: how long the collective it waits in now has lasted (s, 0: none); `on_stall`: told
+  // the report before the process ends (rank 0 records it in events.jsonl).
   void report_to(const std::string& dir, int world, std::function<int64_t()> issued,
-                 std::function<void(const std::string&)> on_stall = {});
+                 std::function<double()> blocked = {}, std::function<void(const std::string&)> on_stall = {});
   // The limit in force now, in seconds.
   double limit_s() const;
 
@@ -73,6 +79,8 @@ class Watchdog {
   std::string dir_;
   int world_ = 0;
   std::function<int64_t()> issued_;
+  std::function<double()> blocked_;
+  int64_t blocked_beat_ = -1;  // the collective count of the last wait a heartbeat was written for
   std::function<void(const std::string&)> on_stall_;
   std::atomic<int64_t> last_ns_;
   std::atomic<const char*> phase_{"starting"};

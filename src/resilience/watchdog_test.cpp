@@ -5,9 +5,13 @@
 // the heartbeats every rank's watchdog writes.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "../../tests/test_util.h"
 #include "parallel/mpi_test_util.h"
@@ -45,6 +49,32 @@ TEST(Watchdog, HangEndsSoonAndNamesTheRankThatDidNotArrive) {
   EXPECT_NE(frames.find("vidit::FaultInjector::after_step"), std::string::npos) << frames;
   EXPECT_NE(frames.find("vidit::Trainer::fit"), std::string::npos) << frames;
   EXPECT_NE(run.output.find("rank 1: its main thread's stack"), std::string::npos) << run.output;
+}
+
+// A rank that has waited kBlockedBeatS in a collective writes a heartbeat at once (not at the
+// next one-second beat), once per wait: when a rank dies and the launcher kills the rest a
+// moment later, the survivors' heartbeats show they waited for it (diagnose/crashes.h).
+TEST(Watchdog, ALongWaitInACollectiveGetsAHeartbeatAtOnce) {
+  test::ScratchDir dir("watchdog_blocked");
+  std::atomic<double> blocked{0};
+  std::atomic<int64_t> issued{7};
+  Watchdog wd(600, 0);
+  wd.report_to(dir.path(), 1, [&] { return issued.load(); }, [&] { return blocked.load(); });
+  auto read = [&] {
+    std::ifstream beat(dir / "rank_00000.json");
+    return nlohmann::json::parse(beat, nullptr, false);
+  };
+  const int64_t first = read().value("time_ms", int64_t(0));
+  ASSERT_GT(first, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  issued = 8, blocked = 0.25;  // entered collective 8 and has waited 0.25 s
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const nlohmann::json j = read();
+  EXPECT_GE(j.value("blocked_s", 0.0), kBlockedBeatS) << j.dump();
+  EXPECT_EQ(j.value("collectives", int64_t(0)), 8) << j.dump();
+  const int64_t second = j.value("time_ms", int64_t(0));
+  EXPECT_GE(second - first, 150) << "the beat came with the wait";
+  EXPECT_LT(second - first, 800) << "not with the one-second heartbeat";
 }
 
 }  // namespace

@@ -425,7 +425,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     std::function<void(const std::string&)> on_stall;
     if (is_lead()) on_stall = [this](const std::string& report) { events().write("hang", step_, {{"report", report}}); };
     watchdog_->report_to(cfg_.train.out_dir + "/heartbeats", mesh_->size(), [mesh] { return mesh->collectives_issued(); },
-                         std::move(on_stall));
+                         [mesh] { return mesh->blocked_s(); }, std::move(on_stall));
   }
   std::vector<double> step_times;
   // The trace skips the run's first step (allocations, first gathers) and records the next ones.

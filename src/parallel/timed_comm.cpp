@@ -15,6 +15,16 @@ double bus_factor(const char* op, int n) {
   return 1.0;
 }
 
+// Marks this rank as waiting in a collective since `t0_us` while it lives (TimedComm::blocked_s).
+class Blocked {
+ public:
+  Blocked(std::atomic<double>& since, double t0_us) : since_(since) { since_.store(std::max(t0_us, 1.0)); }
+  ~Blocked() { since_.store(0); }
+
+ private:
+  std::atomic<double>& since_;
+};
+
 // Records its wait into the shared totals (and the trace) once, at the first wait() or at
 // destruction.
 class TimedWork : public Work {
@@ -33,11 +43,7 @@ class TimedWork : public Work {
     if (done_) return;
     const double t0 = trace::now_us();
     shared_->issued.fetch_add(1, std::memory_order_relaxed);
-    shared_->waiting_since_us.store(std::max(t0, 1.0));
-    struct Unblock {
-      std::atomic<double>& since;
-      ~Unblock() { since.store(0); }
-    } unblock{shared_->waiting_since_us};
+    const Blocked blocked(shared_->waiting_since_us, t0);
     inner_->wait();
     const double t1 = trace::now_us();
     done_ = true;
@@ -145,11 +151,7 @@ WorkPtr TimedComm::recv(at::Tensor& t, int src, int tag) {
 void TimedComm::barrier() {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  shared_->waiting_since_us.store(std::max(t0, 1.0));
-  struct Unblock {
-    std::atomic<double>& since;
-    ~Unblock() { since.store(0); }
-  } unblock{shared_->waiting_since_us};
+  const Blocked blocked(shared_->waiting_since_us, t0);
   inner_->barrier();
   const double t1 = trace::now_us();
   std::lock_guard<std::mutex> lock(shared_->mu);

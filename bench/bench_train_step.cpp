@@ -99,12 +99,14 @@ int main(int argc, char** argv) {
     }
 
     std::vector<double> times, waits;
-    for (int i = 0; i < warmup; ++i) trainer.step();
+    double loss_sum = 0;  // over every step, warm-up included: the FP8 / bf16 loss gap
+    for (int i = 0; i < warmup; ++i) loss_sum += trainer.step().loss;
     {
       std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
       if (!profile.empty()) prof = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
       for (int i = 0; i < steps; ++i) {
         StepResult r = trainer.step();
+        loss_sum += r.loss;
         times.push_back(r.seconds);
         waits.push_back(r.comm_wait_s);
       }
@@ -127,7 +129,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", nlohmann::json{{"step_time_s", med}, {"gflops", samples * info.train_flops / med / 1e9},
                                        {"tokens_per_s", samples * info.tokens / med},
                                        {"ranks", env.world}, {"comm_wait_s", mesh ? wait : 0.0},
-                                       {"peak_rss_mb", peak_rss_mb()}}.dump().c_str());
+                                       {"peak_rss_mb", peak_rss_mb()},
+                                       {"mean_loss", loss_sum / (warmup + steps)}}.dump().c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -34,7 +34,7 @@ summary() {
   echo
   echo "================ vidit GPU run summary ================"
   printf '%-14s %-8s %s\n' step status detail
-  for step in environment configure build tests kernel_error bench step_time; do
+  for step in environment configure build tests kernel_error bench fp8 step_time; do
     printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
   done
   echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
@@ -200,15 +200,26 @@ else
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------------
-# name|cap seconds|arguments. The tiny demo model (overhead-bound), then Wan 2.1 1.3B at 240p x 81
-# frames (21x30x52 latents, 8,190 tokens) in bf16: achieved TFLOP/s against the H200's 989 dense
-# bf16 peak is the MFU.
+# name|cap seconds|arguments. The tiny demo model (overhead-bound); Wan 2.1 1.3B at 240p x 81
+# frames (21x30x52 latents, 8,190 tokens) and at its real 480x832 x 81 frames (21x60x104, 32,760
+# tokens) in bf16, the latter with each attention kernel pinned (train.attention_backend); and
+# the FP8 / bf16 pair on a matmul-bound shape: Wan 14B's width (5120, MLP 13824, 40 heads), 8
+# blocks, 8,190 tokens, all blocks recomputed. Achieved TFLOP/s against the H200's 989 dense
+# bf16 peak is the MFU (the FP8 rows too: model/fp8.h). The FP8 rows' loss after the same steps
+# and seed against the bf16 row's is the loss gap.
+WAN14W="--config configs/wan2.1-1.3b.toml --set model.dim=5120 --set model.ffn_dim=13824 --set model.heads=40 --set model.layers=8 --set data.latent_height=30 --set data.latent_width=52 --set train.recompute_blocks=-1 --steps 6 --warmup 2"
 BENCHES=(
-  "tiny|60|--device cuda --steps 30"
-  "wan1.3b_8k|150|--device cuda --config configs/wan2.1-1.3b.toml --set data.latent_height=30 --set data.latent_width=52 --steps 8 --warmup 2"
+  "tiny|40|--device cuda --steps 30"
+  "wan1.3b_8k|90|--device cuda --config configs/wan2.1-1.3b.toml --set data.latent_height=30 --set data.latent_width=52 --steps 8 --warmup 2"
+  "wan1.3b_32k_flash|120|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=flash --set train.recompute_blocks=-1 --steps 4 --warmup 2"
+  "wan1.3b_32k_cudnn|120|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=cudnn --set train.recompute_blocks=-1 --steps 4 --warmup 2"
+  "w14_bf16|90|--device cuda $WAN14W"
+  "w14_fp8|90|--device cuda $WAN14W --set train.precision=fp8"
+  "w14_fp8_rowwise|90|--device cuda $WAN14W --set train.precision=fp8_rowwise"
 )
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 bench_detail=()
+declare -A STEP_S LOSS
 if [[ -x "$BUILD/bench_train_step" ]]; then
   STATUS[bench]=ok
   : >"$LOGS/bench.log"
@@ -223,13 +234,22 @@ if [[ -x "$BUILD/bench_train_step" ]]; then
     tail -n 4 "$LOGS/bench_$name.log"
     js=$(grep -E '^\{.*"gflops"' "$LOGS/bench_$name.log" | tail -n 1)
     if ((rc == 0)) && [[ -n "$js" ]]; then
-      bench_detail+=("$(echo "$js" | "$PY" -c "import json,sys; j=json.load(sys.stdin); t=j['gflops']/1e3; print(f\"$name {j['step_time_s']*1e3:.1f} ms/step, {t:.1f} TFLOP/s, MFU {100*t/$PEAK_TFLOPS:.1f}%\")")")
+      bench_detail+=("$(echo "$js" | "$PY" -c "import json,sys; j=json.load(sys.stdin); t=j['gflops']/1e3; print(f\"$name {j['step_time_s']*1e3:.1f} ms/step, {t:.1f} TFLOP/s, MFU {100*t/$PEAK_TFLOPS:.1f}%, loss {j.get('mean_loss', 0):.4f}\")")")
+      STEP_S[$name]=$(echo "$js" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['step_time_s'])")
+      LOSS[$name]=$(echo "$js" | "$PY" -c "import json,sys; print(json.load(sys.stdin).get('mean_loss', 0))")
     else
       STATUS[bench]=FAIL
       bench_detail+=("$name rc $rc$([[ $rc == 124 ]] && echo ' timed out')")
     fi
   done
   DETAIL[bench]=$(printf '%s; ' "${bench_detail[@]}")
+  # FP8 against bf16 at the 14B width: the speed-up (goal >= 1.25) and the loss gap (goal <= 2%).
+  for v in w14_fp8 w14_fp8_rowwise; do
+    if [[ -n "${STEP_S[w14_bf16]:-}" && -n "${STEP_S[$v]:-}" ]]; then
+      STATUS[fp8]=ok
+      DETAIL[fp8]+=$("$PY" -c "b,f,lb,lf=${STEP_S[w14_bf16]},${STEP_S[$v]},${LOSS[w14_bf16]},${LOSS[$v]}; print(f'$v bf16/fp8 step {b/f:.2f}x, loss gap {100*abs(lf-lb)/lb:.2f}%; ')")
+    fi
+  done
 else
   STATUS[bench]=absent; DETAIL[bench]="$BUILD/bench_train_step not built"
 fi

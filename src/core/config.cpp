@@ -60,6 +60,10 @@ template <class T> const char* block_count(const T& v) {
 template <class T> const char* even_positive(const T& v) {
   return holds(v, [](double x) { return x > 0 && int64_t(x) % 2 == 0; }) ? nullptr : "even and > 0";
 }
+template <class T> const char* fp32_or_bf16(const T& v) {
+  if constexpr (std::is_same_v<T, Precision>) return v == Precision::fp32 || v == Precision::bf16 ? nullptr : "\"fp32\" or \"bf16\"";
+  return nullptr;
+}
 }  // namespace key_checks
 
 // Every key of `c` (a Config or a const Config), in declaration order:

@@ -45,12 +45,16 @@ VIDIT_CONFIG_ENUM(TextEncoder, demo, precomputed)
 VIDIT_CONFIG_ENUM(Decoder, automatic, cpu, nvdec)
 // train.device, data.encode_device: CUDA when present (else the CPU), the CPU, or CUDA.
 VIDIT_CONFIG_ENUM(DeviceChoice, automatic, cpu, cuda)
-// train.precision, parallel.reduce_dtype, data.cache_dtype.
-VIDIT_CONFIG_ENUM(Precision, fp32, bf16)
+// train.precision (all four), parallel.reduce_dtype and data.cache_dtype (fp32 and bf16).
+VIDIT_CONFIG_ENUM(Precision, fp32, bf16, fp8, fp8_rowwise)
+// train.attention_backend: which fused scaled-dot-product attention kernel runs.
+VIDIT_CONFIG_ENUM(AttentionBackend, automatic, math, flash, efficient, cudnn)
 // faults.kind: what the fault injection does (resilience/fault_injection.h).
 VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, hang, slow, nan_grad, bitflip, corrupt_checkpoint,
                   truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save, poison_sample, glitch,
                   poison_cache)
+// train.recompute_policy: what a recomputed block keeps (model/recompute.h).
+VIDIT_CONFIG_ENUM(RecomputePolicy, block, selective)
 // train.spike_action: what a loss or gradient spike does (diagnose/spike_detector.h).
 VIDIT_CONFIG_ENUM(SpikeAction, off, log, skip, rollback)
 // train.schedule after warm-up.
@@ -77,7 +81,7 @@ using NumList = std::vector<double>;
 
 // ---- the keys ---------------------------------------------------------------------------------
 // KEY(type, name, default, check, doc). Checks: any, positive, non_negative, fraction ([0, 1]),
-// below_one ([0, 1)), block_count (>= -1), even_positive.
+// below_one ([0, 1)), block_count (>= -1), even_positive, fp32_or_bf16.
 
 #define VIDIT_MODEL_KEYS(KEY)                                                                          \
   KEY(int64_t, dim, 128, positive, "hidden size of every block")                                       \
@@ -114,7 +118,7 @@ using NumList = std::vector<double>;
   KEY(DeviceChoice, encode_device, DeviceChoice::automatic, any,                                       \
       "where the VAE encodes: \"auto\" (CUDA when present), \"cpu\", \"cuda\"")                        \
   KEY(int64_t, shard_mb, 1024, positive, "cache shard size (MiB)")                                     \
-  KEY(Precision, cache_dtype, Precision::bf16, any, "storage of latent mean / std: \"bf16\" or \"fp32\"") \
+  KEY(Precision, cache_dtype, Precision::bf16, fp32_or_bf16, "storage of latent mean / std: \"bf16\" or \"fp32\"") \
   KEY(int64_t, token_budget, 0, non_negative, "tokens per batch per rank; 0 = batch_size x tokens of data.latent_*") \
   KEY(int64_t, loader_threads, 2, positive, "background threads assembling batches")                   \
   KEY(int64_t, prefetch, 4, positive, "batches prepared ahead")
@@ -155,7 +159,11 @@ using NumList = std::vector<double>;
   KEY(double, ema_decay, 0.999, below_one, "EMA of the weights; 0 disables")                           \
   KEY(uint64_t, seed, 0, any, "seeds init, data order, noise and timesteps")                           \
   KEY(Precision, precision, Precision::fp32, any,                                                      \
-      "\"fp32\" or \"bf16\" (autocast matmuls; fp32 norms, modulation, RoPE)")                          \
+      "\"fp32\", \"bf16\" (autocast matmuls; fp32 norms, modulation, RoPE), or bf16 with the blocks' "   \
+      "projections in FP8: \"fp8\" (one scale per tensor) or \"fp8_rowwise\" (per row; model/fp8.h)")    \
+  KEY(AttentionBackend, attention_backend, AttentionBackend::automatic, any,                           \
+      "SDPA kernel: \"auto\" (PyTorch picks), \"flash\", \"cudnn\", \"efficient\" or \"math\"; "           \
+      "the one that runs is logged (model/attention_backend.h)")                                        \
   KEY(DeviceChoice, device, DeviceChoice::automatic, any,                                              \
       "\"auto\" (CUDA when present), \"cpu\" or \"cuda\" (GPU = LOCAL_RANK)")                           \
   KEY(std::string, out_dir, "runs/demo", any, "checkpoints, metrics.jsonl, samples")                  \
@@ -211,6 +219,9 @@ using NumList = std::vector<double>;
   KEY(double, peak_tflops, 0.0, non_negative, "per device, for MFU; 0 = from the GPU's name (core/peak_flops.h)") \
   KEY(int64_t, recompute_blocks, 0, block_count,                                                       \
       "activation checkpointing: recompute the first N blocks in backward; -1 = all")                  \
+  KEY(RecomputePolicy, recompute_policy, RecomputePolicy::block, any,                                   \
+      "what the recomputed blocks keep: \"block\" (only the input; the whole forward runs again) or "  \
+      "\"selective\" (also the attention's inputs and output: attention is not run again)")             \
   KEY(int64_t, trace_steps, 0, non_negative,                                                           \
       "write a Chrome trace of this many steps (after the first) to <out_dir>/trace/rank<R>.json")     \
   KEY(std::string, init_from, "", any,                                                                 \
@@ -245,7 +256,7 @@ using NumList = std::vector<double>;
   KEY(double, bucket_mb, 25.0, positive, "data parallel: gradients are all-reduced in buckets of about this many MiB") \
   KEY(bool, reshard_after_forward, true, any, "FSDP: free a block's gathered weights after its forward") \
   KEY(bool, prefetch, true, any, "FSDP: issue the next block's all-gather before the current block runs") \
-  KEY(Precision, reduce_dtype, Precision::fp32, any, "FSDP: gradients reduce-scattered in \"fp32\" or \"bf16\"") \
+  KEY(Precision, reduce_dtype, Precision::fp32, fp32_or_bf16, "FSDP: gradients reduce-scattered in \"fp32\" or \"bf16\"") \
   KEY(bool, apply_all, false, any,                                                                     \
       "apply tensor parallel and FSDP even at degree 1, so a one-process run (e.g. one GPU over NCCL) " \
       "runs their code and collectives; for checks")

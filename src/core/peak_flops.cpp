@@ -16,7 +16,7 @@ double peak_tflops(const std::string& name, Precision precision) {
       {"H100", 989.4, 494.7}, {"H800", 989.4, 494.7}, {"A100", 312, 156}, {"A800", 312, 156},
       {"L40S", 362.05, 183}, {"A10G", 70, 35}, {"RTX 4090", 165.2, 82.6}};
   for (const Entry& e : table)
-    if (name.find(e.fragment) != std::string::npos) return precision == Precision::bf16 ? e.bf16 : e.tf32;
+    if (name.find(e.fragment) != std::string::npos) return precision == Precision::fp32 ? e.tf32 : e.bf16;
   return 0;
 }
 

@@ -17,6 +17,7 @@ namespace {
 TEST(PeakFlops, TableByNameAndPrecision) {
   EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", Precision::bf16), 989.4);
   EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", Precision::fp32), 494.7);
+  EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 80GB HBM3", Precision::fp8), 989.4);  // against bf16
   EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H100 PCIe", Precision::bf16), 756);
   EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA H200", Precision::bf16), 989.4);
   EXPECT_DOUBLE_EQ(peak_tflops("NVIDIA A100-SXM4-80GB", Precision::bf16), 312);

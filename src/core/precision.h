@@ -1,6 +1,7 @@
 // Mixed precision. "bf16": autocast runs matmuls and attention in bfloat16 while the model keeps
 // norms, modulation, RoPE and the residual stream in fp32 and the optimizer keeps fp32 master
-// weights. "fp32": everything in fp32 (the CPU default: bf16 is slow on most CPUs).
+// weights. "fp8" / "fp8_rowwise": bf16, and the projections inside the blocks multiply in FP8
+// (model/fp8.h). "fp32": everything in fp32 (the CPU default: bf16 is slow on most CPUs).
 #pragma once
 #include <ATen/autocast_mode.h>
 
@@ -10,13 +11,16 @@
 
 namespace vidit {
 
-// RAII: enables bf16 autocast on `device` for its lifetime when precision == "bf16" (and leaves
+// bf16 autocast is on in this precision (every one but fp32).
+inline bool autocasts_bf16(Precision p) { return p != Precision::fp32; }
+
+// RAII: enables bf16 autocast on `device` for its lifetime when autocasts_bf16(precision) (and leaves
 // the state alone otherwise); or sets exactly a state captured earlier (`enabled`, `dtype`),
 // e.g. to recompute a forward in backward as it first ran (model/recompute.h).
 class AutocastGuard {
  public:
   AutocastGuard(Precision precision, at::DeviceType device) : device_(device) {
-    if (precision == Precision::bf16) set(true, at::kBFloat16);
+    if (autocasts_bf16(precision)) set(true, at::kBFloat16);
   }
   AutocastGuard(at::DeviceType device, bool enabled, at::ScalarType dtype) : device_(device) { set(enabled, dtype); }
   ~AutocastGuard() {

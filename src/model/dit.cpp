@@ -30,18 +30,31 @@ DiTBlockImpl::DiTBlockImpl(const ModelConfig& c) : eps(c.eps) {
 at::Tensor DiTBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& e0,
                                  const at::Tensor& context, const at::Tensor& cos,
                                  const at::Tensor& sin) {
-  // e: shift, scale, gate (attention) then shift, scale, gate (MLP); each [B, 1, dim] fp32.
-  auto e = (fp32(modulation) + e0).chunk(6, 1);
-  at::Tensor x = x_in;
-  at::Tensor y = self_attn->forward(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
-  x = at::addcmul(x, fp32(y), e[2]);  // x + y * gate, one pass
+  const at::Tensor e = modulated(e0);
+  const std::vector<at::Tensor> h = attention_inputs(x_in, e, cos, sin);
+  return after_attention(x_in, e, self_attn->attend(h[0], h[1], h[2]), context);
+}
+
+at::Tensor DiTBlockImpl::modulated(const at::Tensor& e0) { return fp32(modulation) + e0; }
+
+// e: shift, scale, gate (attention) then shift, scale, gate (MLP); each [B, 1, dim] fp32.
+std::vector<at::Tensor> DiTBlockImpl::attention_inputs(const at::Tensor& x, const at::Tensor& e0,
+                                                       const at::Tensor& cos, const at::Tensor& sin) {
+  auto e = e0.chunk(6, 1);
+  return self_attn->qkv(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
+}
+
+at::Tensor DiTBlockImpl::after_attention(const at::Tensor& x_in, const at::Tensor& e0, const at::Tensor& a,
+                                         const at::Tensor& context) {
+  auto e = e0.chunk(6, 1);
+  at::Tensor x = at::addcmul(x_in, fp32(self_attn->out(a)), e[2]);  // x + y * gate, one pass
   x = x + fp32(cross_attn->forward(norm3(x), context));
-  y = mlp(layernorm_modulate(x, e[3], e[4], eps));
+  at::Tensor y = mlp(layernorm_modulate(x, e[3], e[4], eps));
   return at::addcmul(x, fp32(y), e[5]);
 }
 
 at::Tensor DiTBlockImpl::mlp(const at::Tensor& x) {
-  return ffn_split.out(fc2, at::gelu(fc1(ffn_split.in(x)), "tanh"));
+  return ffn_split.out(fc2, at::gelu(project(linear_fn, fc1, ffn_split.in(x)), "tanh"), linear_fn);
 }
 
 HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {
@@ -126,8 +139,9 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
     if (hooks.block_begin) hooks.block_begin(i);
     DiTBlockImpl& block = *blocks[i]->as<DiTBlockImpl>();
     const bool recompute = (recompute_blocks < 0 || i < recompute_blocks) && at::GradMode::is_enabled();
-    tokens = recompute ? recomputed_block(block, tokens, e0, context, cos, sin)
-                       : block.forward(tokens, e0, context, cos, sin);
+    tokens = !recompute                                          ? block.forward(tokens, e0, context, cos, sin)
+             : recompute_policy == RecomputePolicy::selective ? selectively_recomputed_block(block, tokens, e0, context, cos, sin)
+                                                              : recomputed_block(block, tokens, e0, context, cos, sin);
     if (hooks.block_end) tokens = hooks.block_end(i, tokens);
   }
   at::Tensor out = head(tokens, e);  // [B, L, pt*ph*pw*C]

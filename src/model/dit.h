@@ -24,8 +24,14 @@ namespace vidit {
 struct DiTBlockImpl : torch::nn::Module {
   DiTBlockImpl(const ModelConfig& cfg);
   // x [B, L, dim] fp32 residual stream; e0 [B, 6, dim] fp32; context [B, Lt, dim].
+  // forward = after_attention(x, e, self_attn->attend(attention_inputs(x, e, ...)), context) with
+  // e = modulated(e0): the three parts model/recompute.h's selective policy takes apart.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& e0, const at::Tensor& context,
                      const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor modulated(const at::Tensor& e0);  // this block's shift, scale, gate x 2: [B, 6, dim]
+  std::vector<at::Tensor> attention_inputs(const at::Tensor& x, const at::Tensor& e, const at::Tensor& cos,
+                                           const at::Tensor& sin);
+  at::Tensor after_attention(const at::Tensor& x, const at::Tensor& e, const at::Tensor& a, const at::Tensor& context);
   double eps;
   SelfAttention self_attn{nullptr};
   CrossAttention cross_attn{nullptr};
@@ -36,6 +42,7 @@ struct DiTBlockImpl : torch::nn::Module {
   torch::nn::Sequential ffn{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   FeatureSplit ffn_split;  // empty: every MLP hidden unit in this process
+  LinearFn linear_fn;      // the MLP's projections; empty: at::linear
   at::Tensor modulation;  // [1, 6, dim]
 };
 TORCH_MODULE(DiTBlock);
@@ -83,8 +90,10 @@ struct DiTImpl : torch::nn::Module {
   TokenSplit token_split;  // empty: every token in this process
   ForwardHooks hooks;      // empty: none
   // Blocks whose activations are recomputed in backward instead of kept (model/recompute.h):
-  // the first N, -1 for all, 0 for none. Only when gradients are being recorded.
+  // the first N, -1 for all, 0 for none. Only when gradients are being recorded. The policy:
+  // what a recomputed block keeps.
   int64_t recompute_blocks = 0;
+  RecomputePolicy recompute_policy = RecomputePolicy::block;
 };
 TORCH_MODULE(DiT);
 

@@ -16,9 +16,13 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return xf * at::rsqrt(mean_square(xf) + eps) * fp32(weight);
 }
 
-at::Tensor FeatureSplit::out(torch::nn::Linear proj, const at::Tensor& y) const {
-  if (!combine) return proj(y);
-  return combine(at::linear(y, proj->weight)) + proj->bias;
+at::Tensor project(const LinearFn& fn, torch::nn::Linear proj, const at::Tensor& x) {
+  return fn ? fn(x, proj->weight, proj->bias) : proj->forward(x);
+}
+
+at::Tensor FeatureSplit::out(const torch::nn::Linear& proj, const at::Tensor& y, const LinearFn& fn) const {
+  if (!combine) return project(fn, proj, y);
+  return combine(fn ? fn(y, proj->weight, at::Tensor()) : at::linear(y, proj->weight)) + proj->bias;
 }
 
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
@@ -49,14 +53,23 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads_, double eps) : 
 
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                       const at::Tensor& sin) {
+  const std::vector<at::Tensor> h = qkv(x, cos, sin);
+  return out(attend(h[0], h[1], h[2]));
+}
+
+std::vector<at::Tensor> SelfAttentionImpl::qkv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t B = x.size(0), L = x.size(1);
   at::Tensor xs = split.in(x);
   auto heads_of = [&](const at::Tensor& t) { return t.view({B, L, heads, t.size(2) / heads}); };
-  at::Tensor qh = rope_apply(heads_of(norm_q(q(xs))), cos, sin);
-  at::Tensor kh = rope_apply(heads_of(norm_k(k(xs))), cos, sin);
-  at::Tensor vh = heads_of(v(xs));
-  return split.out(o, attention_fn ? attention_fn(qh, kh, vh) : attention(qh, kh, vh));
+  return {rope_apply(heads_of(norm_q(project(linear_fn, q, xs))), cos, sin),
+          rope_apply(heads_of(norm_k(project(linear_fn, k, xs))), cos, sin), heads_of(project(linear_fn, v, xs))};
 }
+
+at::Tensor SelfAttentionImpl::attend(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh) {
+  return attention_fn ? attention_fn(qh, kh, vh) : attention(qh, kh, vh);
+}
+
+at::Tensor SelfAttentionImpl::out(const at::Tensor& a) { return split.out(o, a, linear_fn); }
 
 CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
   q = register_module("q", torch::nn::Linear(dim, dim));
@@ -70,9 +83,11 @@ CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) 
 at::Tensor CrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context) {
   const int64_t B = x.size(0), L = x.size(1), Lc = context.size(1);
   at::Tensor xs = split.in(x), cs = split.in(context);
-  at::Tensor qh = norm_q(q(xs)), kh = norm_k(k(cs)), vh = v(cs);
+  at::Tensor qh = norm_q(project(linear_fn, q, xs)), kh = norm_k(project(linear_fn, k, cs)),
+             vh = project(linear_fn, v, cs);
   const int64_t hd = qh.size(2) / heads;
-  return split.out(o, attention(qh.view({B, L, heads, hd}), kh.view({B, Lc, heads, hd}), vh.view({B, Lc, heads, hd})));
+  return split.out(o, attention(qh.view({B, L, heads, hd}), kh.view({B, Lc, heads, hd}), vh.view({B, Lc, heads, hd})),
+                   linear_fn);
 }
 
 }  // namespace vidit

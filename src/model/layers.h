@@ -30,6 +30,14 @@ TORCH_MODULE(RMSNorm);
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                               double eps);
 
+// How the projections inside the blocks multiply: y = x W^T + b (b may be undefined). Empty:
+// at::linear, under whatever autocast is on. FP8 training installs one (model/fp8.h); the model
+// only calls it.
+using LinearFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias)>;
+
+// proj(x) through `fn` when one is set.
+at::Tensor project(const LinearFn& fn, torch::nn::Linear proj, const at::Tensor& x);
+
 // How a run that splits each layer's features (attention heads, MLP hidden units) over
 // processes plugs into the model (parallel/tensor_parallel.h); the model only calls these, and in
 // one process none is set. Projections into split features (q, k, v, the first MLP layer) hold
@@ -45,7 +53,7 @@ struct FeatureSplit {
 
   at::Tensor in(const at::Tensor& x) const { return enter ? enter(x) : x; }
   // out(y): the bias is added once, after the partial products are summed.
-  at::Tensor out(torch::nn::Linear proj, const at::Tensor& y) const;
+  at::Tensor out(const torch::nn::Linear& proj, const at::Tensor& y, const LinearFn& fn = {}) const;
 };
 
 // Scaled dot-product attention over [B, L, heads, head_dim] tensors (returns [B, Lq, heads*hd]).
@@ -58,11 +66,16 @@ using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tens
 // Self-attention with QK RMSNorm (over the full dim) and 3D RoPE.
 struct SelfAttentionImpl : torch::nn::Module {
   SelfAttentionImpl(int64_t dim, int64_t heads, double eps);
-  // x [B, L, dim]; cos/sin [L, head_dim/2] from rope_tables().
+  // x [B, L, dim]; cos/sin [L, head_dim/2] from rope_tables(). forward = out(attend(qkv(...))).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // q, k, v [B, L, heads, head_dim]: projected, q and k normalised and rotated.
+  std::vector<at::Tensor> qkv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);  // [B, L, heads*hd]
+  at::Tensor out(const at::Tensor& a);  // the output projection
   int64_t heads;             // in this process (all of them unless split)
   AttentionFn attention_fn;  // empty: attention()
   FeatureSplit split;        // empty: every head in this process
+  LinearFn linear_fn;        // empty: at::linear
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };
@@ -75,6 +88,7 @@ struct CrossAttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context);
   int64_t heads;       // in this process
   FeatureSplit split;  // empty: every head in this process
+  LinearFn linear_fn;  // empty: at::linear
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };

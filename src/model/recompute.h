@@ -9,6 +9,14 @@
 // of the inputs flow on to the rest of the graph. Collectives inside the block (tensor parallel,
 // Ulysses, ring) run again during the recomputation, in the same order on every rank.
 // DiT::forward applies it to its first `recompute_blocks` blocks (train.recompute_blocks).
+//
+// train.recompute_policy = "selective" keeps more and reruns less: the block is taken in three
+// parts, the first (LayerNorm + modulate, the q/k/v projections, QK norm, RoPE) and the last
+// (the output projection, the gated residual, cross-attention and the MLP) recomputed, and the
+// self-attention between them run once, keeping what its backward needs (q, k, v, its output):
+// about 5 [B, L, dim] per block instead of 1, and the backward does not run attention's forward
+// (at long sequences the largest part of a block's FLOPs) or its collectives (Ulysses'
+// all-to-alls, the ring's passes) again.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -19,5 +27,8 @@ struct DiTBlockImpl;
 // block.forward(x, e0, context, cos, sin), keeping only the inputs for backward.
 at::Tensor recomputed_block(DiTBlockImpl& block, const at::Tensor& x, const at::Tensor& e0,
                             const at::Tensor& context, const at::Tensor& cos, const at::Tensor& sin);
+// The same, keeping also the self-attention's inputs and output.
+at::Tensor selectively_recomputed_block(DiTBlockImpl& block, const at::Tensor& x, const at::Tensor& e0,
+                                        const at::Tensor& context, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace vidit

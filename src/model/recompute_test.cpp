@@ -1,4 +1,4 @@
-// Activation checkpointing (model/recompute.h): the same gradients with and without it (fp64,
+// Activation checkpointing (model/recompute.h), whole blocks and selective: the same gradients with and without it (fp64,
 // and under bf16 autocast, which the recomputation must restore), nothing recomputed without
 // gradients, and far less memory held between forward and backward (measured with glibc's
 // allocator statistics).
@@ -21,9 +21,10 @@ struct Grads {
 };
 
 Grads run(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, int64_t recompute,
-          Precision precision = Precision::fp32) {
+          Precision precision = Precision::fp32, RecomputePolicy policy = RecomputePolicy::block) {
   model->zero_grad();
   model->recompute_blocks = recompute;
+  model->recompute_policy = policy;
   at::Tensor xi = x.detach().clone().requires_grad_(true), ti = text.detach().clone().requires_grad_(true);
   Grads g;
   {
@@ -67,6 +68,8 @@ TEST(Recompute, SameGradientsInFloat64) {
   const Grads plain = run(model, x, t, text, 0);
   expect_close(plain, run(model, x, t, text, -1), 1e-12);
   expect_close(plain, run(model, x, t, text, 2), 1e-12);  // the first two of three blocks
+  expect_close(plain, run(model, x, t, text, -1, Precision::fp32, RecomputePolicy::selective), 1e-12);
+  expect_close(plain, run(model, x, t, text, 1, Precision::fp32, RecomputePolicy::selective), 1e-12);
 }
 
 TEST(Recompute, RestoresAutocastInBackward) {
@@ -83,6 +86,8 @@ TEST(Recompute, RestoresAutocastInBackward) {
   at::Tensor x = at::randn({2, 4, 2, 4, 4}), t = at::tensor({100.0f, 700.0f}), text = at::randn({2, 4, 8});
   const Grads plain = run(model, x, t, text, 0, Precision::bf16);
   expect_close(plain, run(model, x, t, text, -1, Precision::bf16), 1e-5, {"text_embedding.", "input.text"});
+  expect_close(plain, run(model, x, t, text, -1, Precision::bf16, RecomputePolicy::selective), 1e-5,
+               {"text_embedding.", "input.text"});
 }
 
 TEST(Recompute, OnlyWhenRecordingGradients) {
@@ -109,9 +114,10 @@ TEST(Recompute, HoldsFarLessBetweenForwardAndBackward) {
   DiT model(cfg.model);
   model->init_weights();
   at::Tensor x = at::randn({2, 4, 8, 16, 16}), t = at::tensor({100.0f, 700.0f}), text = at::randn({2, 4, 8});
-  auto held = [&](int64_t recompute) {
+  auto held = [&](int64_t recompute, RecomputePolicy policy = RecomputePolicy::block) {
     model->zero_grad();
     model->recompute_blocks = recompute;
+    model->recompute_policy = policy;
     const int64_t before = heap_in_use();
     at::Tensor out = model->forward(x, t, text);
     const int64_t during = heap_in_use() - before;
@@ -119,12 +125,18 @@ TEST(Recompute, HoldsFarLessBetweenForwardAndBackward) {
     return during;
   };
   held(0);  // first use: lazily built buffers and caches
-  const int64_t plain = held(0), recomputed = held(-1);
-  std::printf("held between forward and backward: %.2f MB plain, %.2f MB recomputing every block\n", plain / 1e6,
-              recomputed / 1e6);
-  // Plain keeps about (18 dim + 2 ffn) floats per token per block, recomputing about dim.
+  const int64_t plain = held(0), recomputed = held(-1), selective = held(-1, RecomputePolicy::selective);
+  std::printf("held between forward and backward: %.2f MB plain, %.2f MB recomputing every block, %.2f MB "
+              "selectively\n",
+              plain / 1e6, recomputed / 1e6, selective / 1e6);
+  // Plain keeps about (18 dim + 2 ffn) floats per token per block, recomputing about dim, the
+  // selective policy about 5 dim (its input, q, k, v and the attention's output).
   EXPECT_GT(plain, 8'000'000);
   EXPECT_LT(recomputed, plain / 4);
+  const double per_dim = 2.0 * 512 * 64 * 4 * 4;  // one [B, L, dim] fp32 value per block, 4 blocks
+  EXPECT_GT(selective - recomputed, 3 * per_dim) << "the attention's inputs and output are kept";
+  EXPECT_LT(selective - recomputed, 6 * per_dim);
+  EXPECT_LT(selective, plain / 2);
 }
 
 }  // namespace

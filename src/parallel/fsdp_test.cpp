@@ -176,7 +176,9 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Replicate2xShard2", 4, "parallel.replicate=2 parallel.shard=2"},
                       test::WorkerMesh{"Shard2xUlysses2", 4, "parallel.shard=2 parallel.ulysses=2"},
                       test::WorkerMesh{"Shard2xRing2", 4, "parallel.shard=2 parallel.ring=2"},
-                      test::WorkerMesh{"Shard2Recomputing", 2, "parallel.shard=2 train.recompute_blocks=-1"}),
+                      test::WorkerMesh{"Shard2Recomputing", 2, "parallel.shard=2 train.recompute_blocks=-1"},
+                      test::WorkerMesh{"Shard2RecomputingSelectively", 2,
+                                       "parallel.shard=2 train.recompute_blocks=-1 train.recompute_policy=selective"}),
     test::mesh_test_name);
 
 TEST(Mpi, FsdpKeepsOneShardOfTheStateOn4Ranks) {

@@ -12,6 +12,7 @@ std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh
   apply_tensor_parallel(*pm, cfg.parallel);
   apply_sequence_parallel(*pm);
   pm->model()->recompute_blocks = cfg.train.recompute_blocks;
+  pm->model()->recompute_policy = cfg.train.recompute_policy;
   if (cfg.parallel.shard > 1 || cfg.parallel.apply_all)
     apply_fsdp(*pm, cfg.parallel);
   else

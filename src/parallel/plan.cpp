@@ -56,7 +56,7 @@ StepPlan plan_step(const Config& cfg) {
   const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
   const double L = double(tokens_per_sample(cfg)), Lc = L / sp, Lt = double(m.text_len);
   const double patch = double(m.patch[0] * m.patch[1] * m.patch[2]);
-  const bool bf16 = cfg.train.precision == Precision::bf16;
+  const bool bf16 = cfg.train.precision != Precision::fp32;  // FP8 keeps bf16 activations
 
   auto norm_doubles = [&](const char* group) {
     double n = 0;
@@ -77,12 +77,16 @@ StepPlan plan_step(const Config& cfg) {
   plan.optimizer = 8 * kept;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;
   plan.gathered = p.shard > 1 ? 4 * (root + std::min<double>(2, m.layers) * block) : 0;
-  // Recomputed blocks (train.recompute_blocks) keep their input only, and one of them at a time
-  // holds its full activations again during its backward.
+  // Recomputed blocks (train.recompute_blocks) keep their input only ("block"), or also the
+  // self-attention's q, k, v and output ("selective": 5 [b, L, d] values, q, k, v and the output
+  // in bf16 when autocast is on); one of them at a time holds its full activations again during
+  // its backward.
   const double layers = double(m.layers);
   const double recomputed = cfg.train.recompute_blocks < 0 ? layers : std::min<double>(cfg.train.recompute_blocks, layers);
   const double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
-  plan.activations = (layers - recomputed) * per_block + recomputed * b * Lc * d * 4 + (recomputed > 0 ? per_block : 0);
+  const double held = cfg.train.recompute_policy == RecomputePolicy::selective ? b * Lc * d * (4 + 4 * (bf16 ? 2 : 4))
+                                                                              : b * Lc * d * 4;
+  plan.activations = (layers - recomputed) * per_block + recomputed * held + (recomputed > 0 ? per_block : 0);
 
   // Gradients.
   if (p.shard > 1) {
@@ -117,10 +121,12 @@ StepPlan plan_step(const Config& cfg) {
   const double act = 4, v_bytes = bf16 ? 2 : 4;
   // Attention sees this rank's heads: d / T features under tensor parallel.
   const double dh = d / T;
-  add("all_to_all", "Ulysses", A * (2 * layers + recomputed) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
+  // The selective policy does not run the self-attention (with its exchanges) again.
+  const double attention_rerun = cfg.train.recompute_policy == RecomputePolicy::selective ? 0 : recomputed;
+  add("all_to_all", "Ulysses", A * (2 * layers + attention_rerun) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
   const double kv = 2 * b * (L / r) * (dh / u) * 4;
   if (p.ring > 1)
-    add("send", "ring attention", A * ((layers + recomputed) * (r - 1) * kv + layers * ((r - 1) * kv + r * kv)));
+    add("send", "ring attention", A * ((layers + attention_rerun) * (r - 1) * kv + layers * ((r - 1) * kv + r * kv)));
   add("all_gather", "sequence output", A * spread(sp, b * L * double(m.out_channels) * patch * 4));
   return plan;
 }

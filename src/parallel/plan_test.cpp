@@ -110,7 +110,11 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Tensor2xUlysses2", 4, "parallel.tensor=2 parallel.ulysses=2 model.heads=4"},
                       test::WorkerMesh{"Tensor2xRing2", 4, "parallel.tensor=2 parallel.ring=2"},
                       test::WorkerMesh{"Tensor2xRing2Recomputing2", 4, "parallel.tensor=2 parallel.ring=2 train.recompute_blocks=2"},
-                      test::WorkerMesh{"Shard2xUlysses2RecomputingAll", 4, "parallel.shard=2 parallel.ulysses=2 train.recompute_blocks=-1"}),
+                      test::WorkerMesh{"Shard2xUlysses2RecomputingAll", 4, "parallel.shard=2 parallel.ulysses=2 train.recompute_blocks=-1"},
+                      // The selective policy reruns the tensor-parallel sums but not attention's all-to-alls.
+                      test::WorkerMesh{"Tensor2xUlysses2RecomputingSelectively", 4,
+                                       "parallel.tensor=2 parallel.ulysses=2 model.heads=4 train.recompute_blocks=-1 "
+                                       "train.recompute_policy=selective"}),
     test::mesh_test_name);
 
 }  // namespace

@@ -158,7 +158,10 @@ INSTANTIATE_TEST_SUITE_P(Mpi, SequenceParallelTraining,
                                            test::WorkerMesh{"Replicate2xUlysses2", 4, "parallel.replicate=2 parallel.ulysses=2"},
                                            test::WorkerMesh{"Replicate2xRing2", 4, "parallel.replicate=2 parallel.ring=2"},
                                            test::WorkerMesh{"Ulysses2xRing2Recomputing1", 4,
-                                                            "parallel.ulysses=2 parallel.ring=2 train.recompute_blocks=1"}),
+                                                            "parallel.ulysses=2 parallel.ring=2 train.recompute_blocks=1"},
+                                           test::WorkerMesh{"Ulysses2xRing2RecomputingSelectively", 4,
+                                                            "parallel.ulysses=2 parallel.ring=2 train.recompute_blocks=-1 "
+                                                            "train.recompute_policy=selective"}),
                          test::mesh_test_name);
 
 }  // namespace

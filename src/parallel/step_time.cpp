@@ -33,7 +33,9 @@ StepTimePrediction predict_step_time(const Config& cfg, const StepPlan& plan, co
   StepTimePrediction s;
   s.model_flops = 3 * info.forward_flops * samples;
   s.matmul_flops = (3 * matmul_fw + recomputed * matmul_block) * samples;
-  s.attention_flops = (3 * attention_fw + recomputed * attention_block) * samples;
+  // The selective policy recomputes everything of a block but its self-attention (L^2 terms).
+  const double attention_again = cfg.train.recompute_policy == RecomputePolicy::selective ? 4 * L * Lt * d : attention_block;
+  s.attention_flops = (3 * attention_fw + recomputed * attention_again) * samples;
   // A block keeps (18 d + 2 ffn) x 4 bytes per local token for backward (plan.h): written
   // forward, read and their gradients written backward; a recomputed block writes them again.
   const double per_block = b * L / double(p.ulysses * p.ring) * (18 * d + 2 * f) * 4;

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/peak_flops.h"
+#include "core/precision.h"
 #include "core/storage.h"
 #include "core/trace.h"
 #include "diagnose/forensics.h"
@@ -23,6 +24,8 @@
 #include "diagnose/replica_check.h"
 #include "parallel/parallelize.h"
 #include "resilience/stop_signal.h"
+#include "model/attention_backend.h"
+#include "model/fp8.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 
@@ -71,6 +74,24 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   if (!cfg.train.init_from.empty())
     load_state_dict(*model, read_weights(cfg.train.init_from), cfg.train.init_from);
   model->to(device_);
+  // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
+  const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision);
+  select_attention_backend(cfg.train.attention_backend, device_);
+  {
+    const ParallelConfig& p = cfg.parallel;
+    const int64_t heads = std::max<int64_t>(1, cfg.model.heads / (p.tensor * p.ulysses));
+    const std::string kernel = attention_backend_for(
+        1, heads, std::max<int64_t>(1, info_.tokens / p.ring), cfg.model.dim / cfg.model.heads,
+        autocasts_bf16(cfg.train.precision) ? at::kBFloat16 : at::kFloat, device_);
+    if (is_lead()) {
+      std::printf("attention: %s kernel (train.attention_backend = %s)\n", kernel.c_str(),
+                  name_of(cfg.train.attention_backend).c_str());
+      if (fp8_layers > 0)
+        std::printf("precision %s: %lld projections in the blocks multiply in FP8; the embeddings, the head and "
+                    "narrow projections in bf16 (model/fp8.h)\n",
+                    name_of(cfg.train.precision).c_str(), (long long)fp8_layers);
+    }
+  }
   peak_tflops_ = cfg.train.peak_tflops > 0 ? cfg.train.peak_tflops
                  : device_.is_cuda()       ? peak_tflops(cuda_device_name(std::max<int>(0, device_.index())), cfg.train.precision)
                                            : 0;

@@ -1,0 +1,64 @@
+// FP8 training of the blocks' projections (train.precision = "fp8" or "fp8_rowwise").
+//
+// Every projection y = x W^T + b inside a DiT block (self- and cross-attention q, k, v, o; the
+// MLP's two layers: nearly all of a block's matmul FLOPs) multiplies in FP8 on tensor cores:
+//   forward   x and W are scaled so that their largest magnitude lands on e4m3's 448 and cast
+//             to e4m3. "fp8": one scale per tensor; "fp8_rowwise": one per row of x (a token)
+//             and per row of W (an output feature), which an outlier token or feature cannot
+//             spoil for the rest. y = _scaled_mm(x8, W8^T) x the scales, in bf16, then + b.
+//   backward  the incoming gradient dy is cast to e5m2 (max 57344: the range gradients need,
+//             with fewer mantissa bits) with one scale per tensor, and
+//               dx = dy W    W cast to e4m3 again with one scale per tensor (the scales of a
+//                            scaled matmul lie along its output's rows and columns, never along
+//                            the summed dimension, so W's per-row scales cannot serve here);
+//               dW = dy^T x  from the e4m3 copy of x the forward kept (1 byte a value, not the
+//                            2 or 4 of x), re-scaled to one scale per tensor in the rowwise
+//                            recipe for the same reason; tokens padded with zero rows to a
+//                            multiple of 16;
+//               db = sum dy  from dy as it came.
+// What stays as in bf16 (the rule): the fp32 master weights and the optimizer, the norms,
+// modulation, RoPE, attention and the residual stream; every projection outside the blocks (the
+// patch embedding, the text and time embeddings, the time projection, the head: the first and
+// last layers, and small ones, where FP8's error costs most and saves least); and a projection
+// whose input or output width is not a multiple of 16 (what FP8 tensor cores take), such as a
+// narrow tensor-parallel shard.
+//
+// The same calls run on the CPU (ATen has a CPU _scaled_mm), so the numerics are tested here;
+// fp8_linear_reference is the recipe written out with dequantised fp64 matmuls.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "core/config.h"
+#include "model/dit.h"
+
+namespace vidit {
+
+inline constexpr double kE4M3Max = 448.0, kE5M2Max = 57344.0;
+
+// A tensor cast to FP8 with its scales: value ~= data * scale (`scale`: one element, or [rows, 1]).
+struct Fp8Tensor {
+  at::Tensor data, scale;
+};
+// t [rows, cols] in `dtype` (kFloat8_e4m3fn or kFloat8_e5m2) with one scale, or one per row.
+Fp8Tensor to_fp8(const at::Tensor& t, at::ScalarType dtype, bool rowwise);
+// Back to fp32 (data * scale).
+at::Tensor from_fp8(const Fp8Tensor& t);
+
+// y = x W^T + b in FP8 with autograd (x [..., in], W [out, in], b [out] or undefined); bf16 out.
+// Falls back to at::linear when a width is not a multiple of 16.
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool rowwise);
+// True when fp8_linear multiplies x [..., in] by W [out, in] in FP8.
+bool fp8_eligible(int64_t in, int64_t out);
+
+// The recipe above in fp64 from the same quantised operands: y, and dx, dW, db for a given dy.
+struct Fp8Reference {
+  at::Tensor y, dx, dw, db;
+};
+Fp8Reference fp8_linear_reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                  const at::Tensor& dy, bool rowwise);
+
+// Installs fp8_linear in every block's projections when `precision` is fp8 or fp8_rowwise
+// (nothing otherwise); returns how many projections multiply in FP8 (for the log).
+int64_t apply_fp8(DiTImpl& model, Precision precision);
+
+}  // namespace vidit

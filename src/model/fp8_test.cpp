@@ -1,0 +1,199 @@
+// FP8 projections against their reference (the recipe of model/fp8.h written out in fp64 from
+// the same quantised operands), per scaling and input dtype, forward and backward; the error
+// FP8 adds against full precision; a training run in FP8 against the same run in bf16; and the
+// attention kernel a run pins, asked of ATen.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../../tests/test_util.h"
+#include "core/error.h"
+#include "loader/dataset.h"
+#include "model/attention_backend.h"
+#include "model/fp8.h"
+#include "core/precision.h"
+#include "diffusion/flow_matching.h"
+#include "model/state_dict.h"
+#include "train/adamw.h"
+#include "train/trainer.h"
+
+namespace vidit {
+namespace {
+
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).norm().item<double>() / b.norm().item<double>();
+}
+
+double max_rel(const at::Tensor& got, const at::Tensor& want) {
+  return (got.to(at::kDouble) - want).abs().max().item<double>() / want.abs().max().item<double>();
+}
+
+TEST(Fp8, CastKeepsTheLargestValueAndThreeMantissaBits) {
+  torch::manual_seed(0);
+  at::Tensor t = at::randn({8, 64}) * at::logspace(-4, 2, 8).unsqueeze(1);  // rows of very different size
+  for (bool rowwise : {false, true}) {
+    const Fp8Tensor q = to_fp8(t, at::kFloat8_e4m3fn, rowwise);
+    EXPECT_EQ(q.data.scalar_type(), at::kFloat8_e4m3fn);
+    EXPECT_EQ(q.scale.numel(), rowwise ? 8 : 1);
+    // The largest magnitude lands on 448 (per row in the rowwise recipe).
+    const at::Tensor top = q.data.to(at::kFloat).abs().amax(rowwise ? at::IntArrayRef{1} : at::IntArrayRef{0, 1});
+    EXPECT_TRUE(at::allclose(top, at::full_like(top, kE4M3Max))) << top;
+    // Values near their scale's top keep 3 mantissa bits: relative error at most 2^-4.
+    const at::Tensor back = from_fp8(q), big = t.abs() > (rowwise ? t.abs().amax(1, true) : t.abs().amax()) / 8;
+    const double err = ((back - t).abs() / t.abs()).masked_select(big).max().item<double>();
+    EXPECT_LE(err, 1.0 / 16) << (rowwise ? "rowwise" : "tensorwise");
+  }
+  // One scale for all rows loses the small rows; one per row does not.
+  const at::Tensor small = t.select(0, 0);
+  EXPECT_GT(rel_err(from_fp8(to_fp8(t, at::kFloat8_e4m3fn, false)).select(0, 0), small), 0.5);
+  EXPECT_LT(rel_err(from_fp8(to_fp8(t, at::kFloat8_e4m3fn, true)).select(0, 0), small), 0.05);
+}
+
+struct Case {
+  bool rowwise;
+  at::ScalarType dtype;
+};
+
+class Fp8Linear : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Fp8Linear, ForwardAndGradientsMatchTheReference) {
+  const Case c = GetParam();
+  torch::manual_seed(1);
+  // 2 x 37 tokens: not a multiple of 16 (dW pads them).
+  const at::Tensor x = at::randn({2, 37, 64}).to(c.dtype).requires_grad_(true);
+  const at::Tensor w = (at::randn({48, 64}) * 0.1).requires_grad_(true), b = at::randn({48}).requires_grad_(true);
+  const at::Tensor y = fp8_linear(x, w, b, c.rowwise);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 37, 48}));
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  const at::Tensor dy = at::randn({2, 37, 48});
+  y.backward(dy.to(y.scalar_type()));
+  const Fp8Reference r = fp8_linear_reference(x.detach(), w.detach(), b.detach(), dy.to(at::kBFloat16), c.rowwise);
+  // The products come out in bf16: 2^-8 relative, and a little more where sums cancel.
+  EXPECT_LE(max_rel(y.reshape({-1, 48}), r.y), 1e-2);
+  EXPECT_LE(max_rel(x.grad().reshape({-1, 64}), r.dx), 1e-2);
+  EXPECT_LE(max_rel(w.grad(), r.dw), 1e-2);
+  EXPECT_LE(max_rel(b.grad(), r.db), 1e-3);
+  EXPECT_EQ(x.grad().scalar_type(), c.dtype);
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+  // And the whole stays near the unquantised product: FP8's own error, a few percent.
+  const at::Tensor exact = at::linear(x.detach().to(at::kDouble), w.detach().to(at::kDouble), b.detach().to(at::kDouble));
+  EXPECT_LE(rel_err(y.detach().to(at::kDouble), exact), 0.08);
+  const at::Tensor exact_dw = at::matmul(dy.reshape({-1, 48}).t().to(at::kDouble), x.detach().reshape({-1, 64}).to(at::kDouble));
+  EXPECT_LE(rel_err(w.grad().to(at::kDouble), exact_dw), 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scalings, Fp8Linear,
+                         ::testing::Values(Case{false, at::kFloat}, Case{true, at::kFloat}, Case{false, at::kBFloat16},
+                                           Case{true, at::kBFloat16}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.rowwise ? "Rowwise" : "Tensorwise") +
+                                  (i.param.dtype == at::kFloat ? "Fp32" : "Bf16");
+                         });
+
+TEST(Fp8, NarrowProjectionsStayInHigherPrecision) {
+  EXPECT_TRUE(fp8_eligible(64, 48));
+  EXPECT_FALSE(fp8_eligible(64, 40));  // a tensor-parallel shard of 40 features
+  const at::Tensor x = at::randn({5, 24}), w = at::randn({32, 24}), b = at::randn({32});
+  EXPECT_TRUE(at::equal(fp8_linear(x, w, b, false), at::linear(x, w, b)));
+}
+
+// Every projection inside the blocks, and only those, multiplies in FP8.
+TEST(Fp8, ApplyInstallsItInTheBlocksOnly) {
+  const Config c = test::tiny_config();
+  DiT model(c.model);
+  EXPECT_EQ(apply_fp8(*model, Precision::bf16), 0);
+  EXPECT_FALSE(model->blocks->ptr<DiTBlockImpl>(0)->linear_fn);
+  EXPECT_EQ(apply_fp8(*model, Precision::fp8), 10 * c.model.layers);
+  auto& block = *model->blocks->ptr<DiTBlockImpl>(1);
+  EXPECT_TRUE(block.linear_fn && block.self_attn->linear_fn && block.cross_attn->linear_fn);
+  // The block's output in FP8 stays near its output in bf16.
+  torch::manual_seed(2);
+  const at::Tensor x = at::randn({2, 4, 2, 4, 4}), t = at::rand({2}) * 1000, text = at::randn({2, 4, 8});
+  at::Tensor y8 = model->forward(x, t, text);
+  DiT plain(c.model);
+  plain->to(at::kCPU);
+  for (size_t i = 0; i < plain->parameters().size(); ++i)
+    plain->parameters()[i].detach().copy_(model->parameters()[i].detach());
+  EXPECT_LE(rel_err(y8.to(at::kDouble), plain->forward(x, t, text).to(at::kDouble)), 0.1);
+}
+
+// A fixed batch overfitted for 200 steps (the flow-matching loss, clipping and AdamW of the
+// trainer) under bf16 autocast, with the blocks' projections in bf16 and in FP8: FP8 learns as
+// bf16 does.
+TEST(Fp8, OverfitsOneBatchAsBf16Does) {
+  const Config c = test::tiny_config();
+  auto run = [&](Precision precision) {
+    torch::manual_seed(0);
+    DiT model(c.model);
+    model->init_weights();
+    apply_fp8(*model, precision);
+    auto params = state_dict(*model);
+    for (auto& item : model->named_parameters()) params[item.key()] = item.value();
+    AdamW opt(params, {0.9, 0.99, 1e-8, 0.0});
+    auto [x0, text] = SyntheticDataset(c, 2, 5).batch({0, 1});
+    FlowSample fs = make_flow_sample(x0, at::randn(x0.sizes()), at::tensor({0.3f, 0.7f}));
+    std::vector<double> losses;
+    for (int i = 0; i < 200; ++i) {
+      model->zero_grad();
+      at::Tensor loss;
+      {
+        AutocastGuard autocast(precision, at::kCPU);
+        loss = flow_loss(model->forward(fs.x_t, fs.timestep, text), fs.target);
+      }
+      loss.backward();
+      clip_grad_norm(model->parameters(), 1.0);
+      opt.step(3e-3);
+      losses.push_back(loss.item<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> bf16 = run(Precision::bf16), fp8 = run(Precision::fp8), rowwise = run(Precision::fp8_rowwise);
+  auto mean = [](const std::vector<double>& l, size_t from) {
+    double s = 0;
+    for (size_t i = from; i < l.size(); ++i) s += l[i];
+    return s / double(l.size() - from);
+  };
+  std::printf("loss at steps 1 / 200, mean of steps 1-200: bf16 %.4f / %.4f, %.4f; fp8 %.4f / %.4f, %.4f; fp8_rowwise "
+              "%.4f / %.4f, %.4f\n",
+              bf16.front(), bf16.back(), mean(bf16, 0), fp8.front(), fp8.back(), mean(fp8, 0), rowwise.front(),
+              rowwise.back(), mean(rowwise, 0));
+  for (const auto* l : {&bf16, &fp8, &rowwise}) EXPECT_LT(l->back() * 10, l->front());
+  EXPECT_LE(std::abs(mean(fp8, 0) - mean(bf16, 0)) / mean(bf16, 0), 0.05);
+  EXPECT_LE(std::abs(mean(rowwise, 0) - mean(bf16, 0)) / mean(bf16, 0), 0.05);
+  EXPECT_NE(fp8, bf16) << "the FP8 run took the FP8 path";
+}
+
+// The trainer takes train.precision = "fp8" (the same seeds: the runs differ by FP8's rounding).
+TEST(Fp8, TrainerRunsIt) {
+  auto run = [](const std::string& precision) {
+    const Config c = test::tiny_config({"train.precision=\"" + precision + "\"", "train.steps=20"});
+    Trainer t(c, std::make_shared<SyntheticDataset>(c, 32, 11), at::zeros({c.model.text_len, c.model.text_dim}));
+    return t.fit(-1, false);
+  };
+  const std::vector<double> bf16 = run("bf16"), fp8 = run("fp8_rowwise");
+  ASSERT_EQ(fp8.size(), 20u);
+  EXPECT_NE(fp8, bf16);
+  for (size_t i = 0; i < fp8.size(); ++i) EXPECT_NEAR(fp8[i], bf16[i], 0.02 * bf16[i]) << "step " << i + 1;
+}
+
+// A pinned kernel is the one ATen runs; one the device lacks is an error naming the key.
+TEST(AttentionBackend, APinnedKernelIsTheOneThatRuns) {
+  const at::Device cpu(at::kCPU);
+  select_attention_backend(AttentionBackend::math, cpu);
+  EXPECT_EQ(attention_backend_for(1, 2, 64, 16, at::kFloat, cpu), "math");
+  select_attention_backend(AttentionBackend::flash, cpu);
+  EXPECT_EQ(attention_backend_for(1, 2, 64, 16, at::kFloat, cpu), "flash");
+  select_attention_backend(AttentionBackend::automatic, cpu);
+  const std::string picked = attention_backend_for(1, 2, 64, 16, at::kFloat, cpu);
+  EXPECT_TRUE(picked == "flash" || picked == "math") << picked;
+  try {
+    select_attention_backend(AttentionBackend::cudnn, cpu);
+    ADD_FAILURE() << "cudnn on the CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.attention_backend"), std::string::npos) << e.what();
+  }
+  select_attention_backend(AttentionBackend::automatic, cpu);
+}
+
+}  // namespace
+}  // namespace vidit

@@ -53,8 +53,14 @@ TEST(Config, ImpossibleShapesRefused) {
   EXPECT_NE(e.find("model.dim (100) must be divisible by model.heads (3)"), std::string::npos) << e;
   e = error_of("[data]\nsource = \"synthetic\"\nlatent_height = 7\n");
   EXPECT_NE(e.find("data.latent_height (7) is not divisible by the patch size 2"), std::string::npos) << e;
-  e = error_of("[train]\nprecision = \"fp8\"\n");
+  e = error_of("[train]\nprecision = \"fp16\"\n");
   EXPECT_NE(e.find("train.precision"), std::string::npos) << e;
+  // FP8 is a training precision, not a storage or reduction type.
+  e = error_of("[parallel]\nreduce_dtype = \"fp8\"\n");
+  EXPECT_NE(e.find("parallel.reduce_dtype"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"fp32\" or \"bf16\""), std::string::npos) << e;
+  e = error_of("[data]\ncache_dtype = \"fp8_rowwise\"\n");
+  EXPECT_NE(e.find("data.cache_dtype"), std::string::npos) << e;
 }
 
 TEST(Config, SetOverridesAndTypos) {

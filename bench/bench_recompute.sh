@@ -15,7 +15,7 @@ BENCH=$BUILD/bench_train_step
 SETS=(model.dim=128 model.ffn_dim=512 model.heads=4 model.layers=6 model.patch=[1,2,2]
       data.latent_frames=8 data.latent_height=32 data.latent_width=32 train.batch_size=1)
 run() { "$BENCH" --steps "$STEPS" --warmup 2 --set "${SETS[@]}" "train.recompute_blocks=$1" "train.recompute_policy=$2" | grep '^{' | tail -n 1; }
-planned() { "$BUILD/vidit" plan --set "${SETS[@]}" "train.recompute_blocks=$1" "train.recompute_policy=$2" | grep -o 'activations ~[0-9.]* [KMG]*i*B' | head -n 1; }
+planned() { "$BUILD/vidit" plan --set data.source=synthetic "${SETS[@]}" "train.recompute_blocks=$1" "train.recompute_policy=$2" | grep -o 'activations ~[0-9.]* [KMG]*i*B' | head -n 1; }
 keep=$(run 0 block) recompute=$(run -1 block) selective=$(run -1 selective)
 python3 - "$keep" "$recompute" "$selective" "$(planned 0 block)" "$(planned -1 block)" "$(planned -1 selective)" <<'PY'
 import json, sys

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/malloc_tuning.h"
 #include "core/safetensors.h"
@@ -101,6 +102,8 @@ int main(int argc, char** argv) {
     std::vector<double> times, waits;
     double loss_sum = 0;  // over every step, warm-up included: the FP8 / bf16 loss gap
     for (int i = 0; i < warmup; ++i) loss_sum += trainer.step().loss;
+    const int gpu = dev.is_cuda() ? std::max<int>(0, dev.index()) : -1;
+    if (gpu >= 0) cuda_reset_peak_memory(gpu);
     {
       std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
       if (!profile.empty()) prof = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
@@ -124,13 +127,16 @@ int main(int argc, char** argv) {
       std::printf("%d ranks (%s): rank 0 blocked in collectives %.4f s per step (median), %.1f%% of the step\n",
                   env.world, mesh->world()->backend().c_str(), wait, 100.0 * wait / med);
     std::printf("peak resident memory %.1f MB\n", peak_rss_mb());
+    const double gpu_peak_gb = gpu >= 0 ? double(cuda_peak_allocated_bytes(gpu)) / 1e9 : 0.0;
+    if (gpu >= 0) std::printf("peak GPU memory allocated %.2f GB\n", gpu_peak_gb);
     std::printf("tokens/s %.0f | samples/s %.2f | achieved %.3f GFLOP/s\n", samples * info.tokens / med,
                 samples / med, samples * info.train_flops / med / 1e9);
     std::printf("%s\n", nlohmann::json{{"step_time_s", med}, {"gflops", samples * info.train_flops / med / 1e9},
                                        {"tokens_per_s", samples * info.tokens / med},
                                        {"ranks", env.world}, {"comm_wait_s", mesh ? wait : 0.0},
                                        {"peak_rss_mb", peak_rss_mb()},
-                                       {"mean_loss", loss_sum / (warmup + steps)}}.dump().c_str());
+                                       {"mean_loss", loss_sum / (warmup + steps)},
+                                       {"gpu_peak_gb", gpu_peak_gb}}.dump().c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -202,7 +202,9 @@ fi
 # ---- benchmarks ---------------------------------------------------------------------------
 # name|cap seconds|arguments. The tiny demo model (overhead-bound); Wan 2.1 1.3B at 240p x 81
 # frames (21x30x52 latents, 8,190 tokens) and at its real 480x832 x 81 frames (21x60x104, 32,760
-# tokens) in bf16, the latter with each attention kernel pinned (train.attention_backend); and
+# tokens) in bf16, the latter with each attention kernel pinned (train.attention_backend) under
+# the selective recompute policy, and with whole blocks recomputed (keeping every block's
+# activations does not fit: ~180 GB); and
 # the FP8 / bf16 pair on a matmul-bound shape: Wan 14B's width (5120, MLP 13824, 40 heads), 8
 # blocks, 8,190 tokens, all blocks recomputed. Achieved TFLOP/s against the H200's 989 dense
 # bf16 peak is the MFU (the FP8 rows too: model/fp8.h). The FP8 rows' loss after the same steps
@@ -211,8 +213,9 @@ WAN14W="--config configs/wan2.1-1.3b.toml --set model.dim=5120 --set model.ffn_d
 BENCHES=(
   "tiny|40|--device cuda --steps 30"
   "wan1.3b_8k|90|--device cuda --config configs/wan2.1-1.3b.toml --set data.latent_height=30 --set data.latent_width=52 --steps 8 --warmup 2"
-  "wan1.3b_32k_flash|120|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=flash --set train.recompute_blocks=-1 --steps 4 --warmup 2"
-  "wan1.3b_32k_cudnn|120|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=cudnn --set train.recompute_blocks=-1 --steps 4 --warmup 2"
+  "wan1.3b_32k_flash|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=flash --set train.recompute_blocks=-1 --set train.recompute_policy=selective --steps 4 --warmup 2"
+  "wan1.3b_32k_cudnn|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=cudnn --set train.recompute_blocks=-1 --set train.recompute_policy=selective --steps 4 --warmup 2"
+  "wan1.3b_32k_block|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.recompute_blocks=-1 --steps 4 --warmup 2"
   "w14_bf16|90|--device cuda $WAN14W"
   "w14_fp8|90|--device cuda $WAN14W --set train.precision=fp8"
   "w14_fp8_rowwise|90|--device cuda $WAN14W --set train.precision=fp8_rowwise"
@@ -234,7 +237,7 @@ if [[ -x "$BUILD/bench_train_step" ]]; then
     tail -n 4 "$LOGS/bench_$name.log"
     js=$(grep -E '^\{.*"gflops"' "$LOGS/bench_$name.log" | tail -n 1)
     if ((rc == 0)) && [[ -n "$js" ]]; then
-      bench_detail+=("$(echo "$js" | "$PY" -c "import json,sys; j=json.load(sys.stdin); t=j['gflops']/1e3; print(f\"$name {j['step_time_s']*1e3:.1f} ms/step, {t:.1f} TFLOP/s, MFU {100*t/$PEAK_TFLOPS:.1f}%, loss {j.get('mean_loss', 0):.4f}\")")")
+      bench_detail+=("$(echo "$js" | "$PY" -c "import json,sys; j=json.load(sys.stdin); t=j['gflops']/1e3; print(f\"$name {j['step_time_s']*1e3:.1f} ms/step, {t:.1f} TFLOP/s, MFU {100*t/$PEAK_TFLOPS:.1f}%, GPU peak {j.get('gpu_peak_gb', 0):.1f} GB, loss {j.get('mean_loss', 0):.4f}\")")")
       STEP_S[$name]=$(echo "$js" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['step_time_s'])")
       LOSS[$name]=$(echo "$js" | "$PY" -c "import json,sys; print(json.load(sys.stdin).get('mean_loss', 0))")
     else

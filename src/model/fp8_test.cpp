@@ -2,6 +2,7 @@
 // the same quantised operands), per scaling and input dtype, forward and backward; the error
 // FP8 adds against full precision; a training run in FP8 against the same run in bf16; and the
 // attention kernel a run pins, asked of ATen.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,6 +122,7 @@ TEST(Fp8, ApplyInstallsItInTheBlocksOnly) {
 // trainer) under bf16 autocast, with the blocks' projections in bf16 and in FP8: FP8 learns as
 // bf16 does.
 TEST(Fp8, OverfitsOneBatchAsBf16Does) {
+  at::set_num_threads(1);  // as the tiny config's train.threads: one core, beside the other tests
   const Config c = test::tiny_config();
   auto run = [&](Precision precision) {
     torch::manual_seed(0);

@@ -73,7 +73,8 @@ std::string demo_run(const std::string& out_dir, const std::string& extra) {
 }
 
 // (The demo renders its videos on every rank into a folder of its own, so each rank's copy of
-// clip_0003.mp4 is a sample with a key of its own, blamed and quarantined on its own. The keys
+// clip_0003.mp4 is a sample with a key of its own, blamed and quarantined on its own; both copies
+// may be met in one step. The keys
 // hash the file's path, so the data order depends on the scratch directory: enough epochs that
 // a copy is always met more than twice.)
 TEST(Spikes, APoisonedCacheSampleIsBlamedByItsSourceQuarantinedAndSkipped) {
@@ -90,14 +91,19 @@ TEST(Spikes, APoisonedCacheSampleIsBlamedByItsSourceQuarantinedAndSkipped) {
   int64_t last_quarantine = 0;
   for (const auto& s : spikes) {
     EXPECT_EQ(s.at("cause"), "data") << s.dump();
-    ASSERT_EQ(s.at("blamed").size(), 1u) << s.dump();
-    const nlohmann::json& id = s.at("blamed")[0].at("sample");
-    EXPECT_EQ(std::filesystem::path(id.at("source").get<std::string>()).filename(), "clip_0003.mp4") << s.dump();
-    const std::string key = id.at("key");
-    // Quarantined at its second blame, and never met again.
-    EXPECT_LT(blames[key], 2) << key << " was met after its quarantine";
-    EXPECT_EQ(s.at("quarantined").size(), ++blames[key] == 2 ? 1u : 0u) << s.dump();
-    if (blames[key] == 2) last_quarantine = s.at("step");
+    // Both ranks' copies may be met in the same step: one blame each.
+    ASSERT_GE(s.at("blamed").size(), 1u) << s.dump();
+    ASSERT_LE(s.at("blamed").size(), 2u) << s.dump();
+    size_t second_blames = 0;
+    for (const auto& blamed : s.at("blamed")) {
+      const nlohmann::json& id = blamed.at("sample");
+      EXPECT_EQ(std::filesystem::path(id.at("source").get<std::string>()).filename(), "clip_0003.mp4") << s.dump();
+      const std::string key = id.at("key");
+      // Quarantined at its second blame, and never met again.
+      EXPECT_LT(blames[key], 2) << key << " was met after its quarantine";
+      if (++blames[key] == 2) ++second_blames, last_quarantine = s.at("step");
+    }
+    EXPECT_EQ(s.at("quarantined").size(), second_blames) << s.dump();
   }
   std::ifstream qf(out + "/quarantine.json");
   ASSERT_TRUE(qf) << "no quarantine.json";

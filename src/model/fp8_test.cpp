@@ -7,15 +7,13 @@
 
 #include <cmath>
 
+#include "../../tests/overfit.h"
 #include "../../tests/test_util.h"
 #include "core/error.h"
 #include "loader/dataset.h"
 #include "model/attention_backend.h"
 #include "model/fp8.h"
 #include "core/precision.h"
-#include "diffusion/flow_matching.h"
-#include "model/state_dict.h"
-#include "train/adamw.h"
 #include "train/trainer.h"
 
 namespace vidit {
@@ -124,31 +122,7 @@ TEST(Fp8, ApplyInstallsItInTheBlocksOnly) {
 TEST(Fp8, OverfitsOneBatchAsBf16Does) {
   at::set_num_threads(1);  // as the tiny config's train.threads: one core, beside the other tests
   const Config c = test::tiny_config();
-  auto run = [&](Precision precision) {
-    torch::manual_seed(0);
-    DiT model(c.model);
-    model->init_weights();
-    apply_fp8(*model, precision);
-    auto params = state_dict(*model);
-    for (auto& item : model->named_parameters()) params[item.key()] = item.value();
-    AdamW opt(params, {0.9, 0.99, 1e-8, 0.0});
-    auto [x0, text] = SyntheticDataset(c, 2, 5).batch({0, 1});
-    FlowSample fs = make_flow_sample(x0, at::randn(x0.sizes()), at::tensor({0.3f, 0.7f}));
-    std::vector<double> losses;
-    for (int i = 0; i < 200; ++i) {
-      model->zero_grad();
-      at::Tensor loss;
-      {
-        AutocastGuard autocast(precision, at::kCPU);
-        loss = flow_loss(model->forward(fs.x_t, fs.timestep, text), fs.target);
-      }
-      loss.backward();
-      clip_grad_norm(model->parameters(), 1.0);
-      opt.step(3e-3);
-      losses.push_back(loss.item<double>());
-    }
-    return losses;
-  };
+  auto run = [&](Precision precision) { return test::overfit_one_batch(c, precision, 200); };
   const std::vector<double> bf16 = run(Precision::bf16), fp8 = run(Precision::fp8), rowwise = run(Precision::fp8_rowwise);
   auto mean = [](const std::vector<double>& l, size_t from) {
     double s = 0;

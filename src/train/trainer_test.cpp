@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../../tests/overfit.h"
 #include "../../tests/test_util.h"
 #include "core/error.h"
 #include "diffusion/flow_matching.h"
@@ -26,24 +27,7 @@ at::Tensor null_text(const Config& c) { return at::zeros({c.model.text_len, c.mo
 TEST(Trainer, OverfitsOneBatch) {
   // A fixed batch (latents, noise, sigmas, text) trained with the model, flow-matching loss,
   // clipping and AdamW of the trainer: the loss must fall at least 10x.
-  Config c = tiny_config();
-  torch::manual_seed(0);
-  DiT model(c.model);
-  model->init_weights();
-  auto params = state_dict(*model);
-  for (auto& item : model->named_parameters()) params[item.key()] = item.value();
-  AdamW opt(params, {0.9, 0.99, 1e-8, 0.0});
-  auto [x0, text] = SyntheticDataset(c, 2, 5).batch({0, 1});
-  FlowSample fs = make_flow_sample(x0, at::randn(x0.sizes()), at::tensor({0.3f, 0.7f}));
-  std::vector<double> losses;
-  for (int i = 0; i < 200; ++i) {
-    model->zero_grad();
-    at::Tensor loss = flow_loss(model->forward(fs.x_t, fs.timestep, text), fs.target);
-    loss.backward();
-    clip_grad_norm(model->parameters(), 1.0);
-    opt.step(3e-3);
-    losses.push_back(loss.item<double>());
-  }
+  const std::vector<double> losses = test::overfit_one_batch(tiny_config(), Precision::fp32, 200);
   EXPECT_LT(losses.back() * 10, losses.front()) << losses.front() << " -> " << losses.back();
 }
 

@@ -61,10 +61,10 @@ LaunchEnv detect_launch_env(const std::function<const char*(const char*)>& geten
   const char* per_node = getenv(l->local_world);
   const bool plain = per_node && *per_node && std::string(per_node).find_first_not_of("0123456789") == std::string::npos;
   e.local_world = l->local_world_may_be_list && !plain ? 0 : r.integer(l->local_world, 0);
-  if (e.launcher == "torchrun") {
-    if (const char* a = getenv("MASTER_ADDR")) e.master_addr = a;
-    e.master_port = r.integer("MASTER_PORT", 0);
-  }
+  // The rendezvous of the c10d engines (gloo, nccl): torchrun sets it; under srun or mpirun the
+  // batch script does (scripts/slurm/vidit.sbatch: the job's first host).
+  if (const char* a = getenv("MASTER_ADDR")) e.master_addr = a;
+  e.master_port = r.integer("MASTER_PORT", 0);
   const char *rank_var = l->rank, *world_var = l->world, *local_var = l->local_rank;
   VIDIT_CHECK(e.world >= 1, "launcher environment (", e.launcher, "): ", world_var, "=", e.world, " must be >= 1");
   VIDIT_CHECK(e.rank < e.world, "launcher environment (", e.launcher, "): ", rank_var, "=", e.rank,

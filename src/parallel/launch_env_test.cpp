@@ -58,6 +58,10 @@ TEST(LaunchEnv, OpenMpiAndSlurm) {
   EXPECT_EQ(s.rank, 2);
   EXPECT_EQ(s.world, 16);
   EXPECT_EQ(s.local_world, 8);
+  // srun with a c10d engine (NCCL across nodes): the batch script's rendezvous is read too.
+  LaunchEnv g = detect({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}});
+  EXPECT_EQ(g.master_addr, "node0");
+  EXPECT_EQ(g.master_port, 29400);
   // A list form of tasks per node says nothing usable about this node.
   EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_NTASKS_PER_NODE", "2(x2),1"}}).local_world, 0);
 }

@@ -12,12 +12,15 @@
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "core/precision.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/trainer.h"
 #include "vae/wan_vae.h"
 
 namespace vidit {
 namespace {
 
+using test::ScratchDir;
 using test::tiny_config;
 
 #define SKIP_WITHOUT_CUDA() \
@@ -141,6 +144,48 @@ TEST(CudaParity, WanVaeEncodeDecodeMatchCpu) {
   std::printf("GPU_PARITY vae_encode_fp32 %.3e vae_decode_fp32 %.3e\n", enc, dec);
   EXPECT_LT(enc, 1e-4);
   EXPECT_LT(dec, 1e-4);
+}
+
+// The asynchronous checkpoint of a run on the GPU: the snapshot goes into pinned host buffers,
+// reused from one save to the next, and the checkpoint written from them in the background (slow
+// storage on the save of step 2) equals, bit for bit, a synchronous save of the same run.
+TEST(CudaParity, AsyncCheckpointSnapshotsIntoPinnedBuffersAndEqualsTheSyncSave) {
+  SKIP_WITHOUT_CUDA();
+  TensorMap state{{"w", at::randn({64, 33}, at::kCUDA)}, {"b", at::randn({7}, at::kCUDA).to(at::kBFloat16)}};
+  TensorMap buffers;
+  TensorMap first = snapshot(state, buffers);
+  for (const auto& [key, t] : first) {
+    EXPECT_TRUE(t.is_pinned()) << key;
+    EXPECT_TRUE(at::equal(t, state.at(key).cpu())) << key;
+  }
+  const void* w = buffers.at("w").data_ptr();
+  state.at("w").add_(1);
+  TensorMap second = snapshot(state, buffers);
+  EXPECT_EQ(second.at("w").data_ptr(), w) << "the buffers are reused";
+  EXPECT_TRUE(at::equal(second.at("w"), state.at("w").cpu()));
+
+  ScratchDir a("cuda_async_save"), b("cuda_sync_save");
+  auto config = [](const std::string& out, bool async) {
+    return tiny_config({"train.steps=4", "train.out_dir=\"" + out + "\"", std::string("train.ckpt_async=") + (async ? "true" : "false"),
+                        "faults.kind=\"slow_storage\"", "faults.step=2", "faults.seconds=0.3"});
+  };
+  Config ca = config(a.path(), true), cb = config(b.path(), false);
+  auto text = at::zeros({ca.model.text_len, ca.model.text_dim});
+  Trainer t(ca, std::make_shared<SyntheticDataset>(ca, 64, 7), text, at::kCUDA);
+  Trainer u(cb, std::make_shared<SyntheticDataset>(cb, 64, 7), text, at::kCUDA);
+  t.step(), t.step();
+  t.start_save();
+  t.step();  // training goes on while the writer writes
+  const std::string dir = t.finish_save();
+  ASSERT_FALSE(dir.empty());
+  u.step(), u.step();
+  const CheckpointState x = load_checkpoint(dir), y = load_checkpoint(u.save());
+  EXPECT_EQ(x.step, 2);
+  for (const TensorMap* m : {&x.model, &x.ema, &x.optimizer})
+    for (const auto& [key, v] : *m) {
+      const TensorMap& other = m == &x.model ? y.model : m == &x.ema ? y.ema : y.optimizer;
+      EXPECT_TRUE(at::equal(v, other.at(key))) << key;
+    }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <torch/cuda.h>
+
 #include "core/error.h"
 #include "core/storage.h"
 
@@ -83,13 +85,18 @@ bool CheckpointWriter::finished() const {
 TensorMap snapshot(const TensorMap& from, TensorMap& buffers) {
   TensorMap out;
   at::NoGradGuard ng;
+  bool from_gpu = false;
   for (const auto& [key, t] : from) {
     at::Tensor& b = buffers[key];
     if (!b.defined() || b.sizes() != t.sizes() || b.scalar_type() != t.scalar_type())
       b = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(t.is_cuda()));
-    b.copy_(t.detach());
+    // From a GPU into pinned memory the copies are queued back to back on the stream, and one
+    // wait below covers them all.
+    b.copy_(t.detach(), /*non_blocking=*/t.is_cuda() && b.is_pinned());
+    from_gpu = from_gpu || t.is_cuda();
     out[key] = b;
   }
+  if (from_gpu) torch::cuda::synchronize();
   return out;
 }
 

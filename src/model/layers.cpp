@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include "kernels/layernorm_modulate.h"
+#include "kernels/qk_norm_rope.h"
 #include "kernels/rmsnorm_cpu.h"
 #include "model/rope.h"
 
@@ -61,8 +62,17 @@ std::vector<at::Tensor> SelfAttentionImpl::qkv(const at::Tensor& x, const at::Te
   const int64_t B = x.size(0), L = x.size(1);
   at::Tensor xs = split.in(x);
   auto heads_of = [&](const at::Tensor& t) { return t.view({B, L, heads, t.size(2) / heads}); };
-  return {rope_apply(heads_of(norm_q(project(linear_fn, q, xs))), cos, sin),
-          rope_apply(heads_of(norm_k(project(linear_fn, k, xs))), cos, sin), heads_of(project(linear_fn, v, xs))};
+  // On a GPU the norm and the rotation are one kernel (kernels/qk_norm_rope.h), unless the norm
+  // spans ranks (tensor parallel: its mean square is a collective).
+  auto norm_rope = [&](RMSNorm& norm, const at::Tensor& t) {
+    const bool fused = t.is_cuda() && !norm->mean_square && qk_norm_rope_cuda_available() &&
+                       (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) &&
+                       cos.scalar_type() == at::kFloat && t.size(2) % heads == 0 && (t.size(2) / heads) % 2 == 0;
+    if (fused) return qk_norm_rope_fused(t, fp32(norm->weight), cos, sin, heads, norm->eps);
+    return rope_apply(heads_of(norm(t)), cos, sin);
+  };
+  return {norm_rope(norm_q, project(linear_fn, q, xs)), norm_rope(norm_k, project(linear_fn, k, xs)),
+          heads_of(project(linear_fn, v, xs))};
 }
 
 at::Tensor SelfAttentionImpl::attend(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh) {

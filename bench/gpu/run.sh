@@ -34,7 +34,7 @@ summary() {
   echo
   echo "================ vidit GPU run summary ================"
   printf '%-14s %-8s %s\n' step status detail
-  for step in environment configure build tests kernel_error bench fp8 step_time; do
+  for step in environment configure build tests kernel_error kernels bench fp8 step_time; do
     printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
   done
   echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
@@ -141,7 +141,7 @@ t0=$SECONDS
 # Leave ~100 s for the tests and the benchmark.
 build_cap=$(($(left) - 100)); ((build_cap < 60)) && build_cap=60
 # Only what this script runs; -k 0 so one run shows every compile error at once.
-timeout "$build_cap" cmake --build "$BUILD" -j "$JOBS" --target vidit_tests bench_train_step bench_step_time vidit -- -k 0 \
+timeout "$build_cap" cmake --build "$BUILD" -j "$JOBS" --target vidit_tests bench_train_step bench_step_time bench_kernels vidit -- -k 0 \
   >"$LOGS/build.log" 2>&1; rc=$?
 if ((rc != 0)); then
   grep -E -m 20 'error|Error' "$LOGS/build.log"
@@ -197,6 +197,24 @@ if [[ -x "$BUILD/vidit_tests" ]]; then
   fi
 else
   STATUS[tests]=FAIL; DETAIL[tests]="$BUILD/vidit_tests was not built"
+fi
+
+# ---- fused kernels against ATen --------------------------------------------------------------
+# Wan 1.3B's real shape (32,760 tokens, dim 1536): the fused / ATen time ratio and the fused
+# path's GB/s (memory-bound ops: against the H200's ~4.8 TB/s), forward and forward + backward.
+if [[ -x "$BUILD/bench_kernels" ]] && (($(left) >= 40)); then
+  say "bench_kernels --device cuda -> $LOGS/kernels.log"
+  if timeout "$(cap 60)" "$BUILD/bench_kernels" --device cuda >"$LOGS/kernels.log" 2>&1; then
+    STATUS[kernels]=ok
+    DETAIL[kernels]=$(grep -E '^\{"op"' "$LOGS/kernels.log" | "$PY" -c "import json,sys
+for l in sys.stdin:
+    j=json.loads(l); print(f\"{j['op']} fwd {j['fwd_ratio']:.2f}x {j['fwd_gbps']:.0f} GB/s, fwd+bwd {j['fwd_bwd_ratio']:.2f}x\", end='; ')")
+  else
+    STATUS[kernels]=FAIL; DETAIL[kernels]="rc $? (see kernels.log)"
+  fi
+  grep -v '^{' "$LOGS/kernels.log"
+else
+  STATUS[kernels]=skipped
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------------

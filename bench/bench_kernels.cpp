@@ -1,6 +1,8 @@
 // The fused GPU kernels against the ATen compositions they replace, side by side in one run, at
 // Wan 2.1 1.3B's real shape (one sample of 32,760 tokens, dim 1536, 12 heads): LayerNorm +
-// modulate (the entry of every sub-block), QK RMSNorm + RoPE (q and k of every self-attention).
+// modulate (the entry of every sub-block), QK RMSNorm + RoPE (q and k of every self-attention),
+// and the gated residual + LayerNorm between sub-blocks (timed with both outputs summed, which
+// adds one elementwise pass to each path).
 // For each op: forward, and forward + backward, median milliseconds of both paths and their
 // ratio, with the bytes each direction must move at least (inputs read once, outputs written
 // once) and the achieved GB/s of the fused path: these ops are memory-bound, so GB/s against the
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "kernels/qk_norm_rope.h"
+#include "kernels/residual_layernorm.h"
 #include "kernels/rmsnorm_cpu.h"
 #include "kernels/rope_cpu.h"
 #include "model/layers.h"
@@ -135,6 +138,23 @@ int main(int argc, char** argv) {
             return fused ? rope_apply(h, cos, sin) : rope_composite(h, cos, sin);
           },
           {x, w}};
+    run(op, repeats);
+  }
+  // Gated residual + LayerNorm (norm3's weight and bias): x fp32, the attention's output bf16.
+  {
+    at::Tensor x = at::randn({1, tokens, dim}, f32).requires_grad_();
+    at::Tensor y = at::randn({1, tokens, dim}, f32).to(at::kBFloat16).requires_grad_();
+    at::Tensor gate = (at::randn({1, 1, dim}, f32) * 0.1).requires_grad_();
+    at::Tensor w = (1 + at::randn({dim}, f32) * 0.1).requires_grad_(), bias = (at::randn({dim}, f32) * 0.1).requires_grad_();
+    Op op{"residual_layernorm", 14 * n, 20 * n, 12 * n, 20 * n,
+          [&](bool fused) {
+            // Both outputs feed on, as in the block: the residual stream and the normalised copy.
+            ResidualNorm r = fused && on_gpu && residual_layernorm_cuda_available()
+                                 ? residual_layernorm_fused(x, y, gate, w, bias, {}, {}, 1e-6)
+                                 : residual_layernorm_composite(x, y, gate, w, bias, {}, {}, 1e-6);
+            return r.residual + r.out;
+          },
+          {x, y, gate, w, bias}};
     run(op, repeats);
   }
   return 0;

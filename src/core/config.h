@@ -222,6 +222,9 @@ using NumList = std::vector<double>;
   KEY(RecomputePolicy, recompute_policy, RecomputePolicy::block, any,                                   \
       "what the recomputed blocks keep: \"block\" (only the input; the whole forward runs again) or "  \
       "\"selective\" (also the attention's inputs and output: attention is not run again)")             \
+  KEY(double, memory_budget_gb, 0.0, non_negative,                                                     \
+      "device memory per rank (GiB, vidit plan's estimate) that activation checkpointing must fit: blocks " \
+      "are recomputed selectively, then whole, as few as fit; 0 = train.recompute_blocks / _policy by hand") \
   KEY(int64_t, trace_steps, 0, non_negative,                                                           \
       "write a Chrome trace of this many steps (after the first) to <out_dir>/trace/rank<R>.json")     \
   KEY(std::string, init_from, "", any,                                                                 \

@@ -4,6 +4,7 @@
 #include <torch/nn/modules/activation.h>
 
 #include "core/error.h"
+#include "kernels/residual_layernorm.h"
 #include "model/recompute.h"
 #include "model/rope.h"
 
@@ -44,13 +45,38 @@ std::vector<at::Tensor> DiTBlockImpl::attention_inputs(const at::Tensor& x, cons
   return self_attn->qkv(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
 }
 
+namespace {
+// On a GPU a residual sum and the LayerNorm after it are one kernel (kernels/residual_layernorm.h).
+bool fuses_residual_norm(const at::Tensor& x, const at::Tensor& y) {
+  return x.is_cuda() && x.scalar_type() == at::kFloat &&
+         (y.scalar_type() == at::kFloat || y.scalar_type() == at::kBFloat16) && residual_layernorm_cuda_available();
+}
+}  // namespace
+
 at::Tensor DiTBlockImpl::after_attention(const at::Tensor& x_in, const at::Tensor& e0, const at::Tensor& a,
                                          const at::Tensor& context) {
   auto e = e0.chunk(6, 1);
-  at::Tensor x = at::addcmul(x_in, fp32(self_attn->out(a)), e[2]);  // x + y * gate, one pass
-  x = x + fp32(cross_attn->forward(norm3(x), context));
-  at::Tensor y = mlp(layernorm_modulate(x, e[3], e[4], eps));
-  return at::addcmul(x, fp32(y), e[5]);
+  // x + attention * gate, then norm3 (a LayerNorm with weight and bias) for cross-attention.
+  const at::Tensor attended = self_attn->out(a);
+  at::Tensor x, normed;
+  if (fuses_residual_norm(x_in, attended)) {
+    ResidualNorm r = residual_layernorm_fused(x_in, attended, e[2], fp32(norm3->weight), fp32(norm3->bias), {}, {}, eps);
+    x = r.residual, normed = r.out;
+  } else {
+    x = at::addcmul(x_in, fp32(attended), e[2]);  // one pass
+    normed = norm3(x);
+  }
+  // x + cross-attention, then LayerNorm + modulate for the MLP.
+  const at::Tensor crossed = cross_attn->forward(normed, context);
+  at::Tensor modulated_x;
+  if (fuses_residual_norm(x, crossed)) {
+    ResidualNorm r = residual_layernorm_fused(x, crossed, {}, {}, {}, e[3], e[4], eps);
+    x = r.residual, modulated_x = r.out;
+  } else {
+    x = x + fp32(crossed);
+    modulated_x = layernorm_modulate(x, e[3], e[4], eps);
+  }
+  return at::addcmul(x, fp32(mlp(modulated_x)), e[5]);
 }
 
 at::Tensor DiTBlockImpl::mlp(const at::Tensor& x) {
@@ -135,13 +161,16 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
     cos = token_split.scatter(cos, 0), sin = token_split.scatter(sin, 0);
   }
 
-  for (int64_t i = 0; i < int64_t(blocks->size()); ++i) {
+  const int64_t n = int64_t(blocks->size());
+  const int64_t whole = recompute_blocks < 0 ? n : std::min(recompute_blocks, n);
+  const int64_t selective = selective_blocks < 0 ? n - whole : std::min(selective_blocks, n - whole);
+  const bool grad = at::GradMode::is_enabled();
+  for (int64_t i = 0; i < n; ++i) {
     if (hooks.block_begin) hooks.block_begin(i);
     DiTBlockImpl& block = *blocks[i]->as<DiTBlockImpl>();
-    const bool recompute = (recompute_blocks < 0 || i < recompute_blocks) && at::GradMode::is_enabled();
-    tokens = !recompute                                          ? block.forward(tokens, e0, context, cos, sin)
-             : recompute_policy == RecomputePolicy::selective ? selectively_recomputed_block(block, tokens, e0, context, cos, sin)
-                                                              : recomputed_block(block, tokens, e0, context, cos, sin);
+    tokens = grad && i < whole               ? recomputed_block(block, tokens, e0, context, cos, sin)
+             : grad && i < whole + selective ? selectively_recomputed_block(block, tokens, e0, context, cos, sin)
+                                             : block.forward(tokens, e0, context, cos, sin);
     if (hooks.block_end) tokens = hooks.block_end(i, tokens);
   }
   at::Tensor out = head(tokens, e);  // [B, L, pt*ph*pw*C]

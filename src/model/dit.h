@@ -89,11 +89,11 @@ struct DiTImpl : torch::nn::Module {
   Head head{nullptr};
   TokenSplit token_split;  // empty: every token in this process
   ForwardHooks hooks;      // empty: none
-  // Blocks whose activations are recomputed in backward instead of kept (model/recompute.h):
-  // the first N, -1 for all, 0 for none. Only when gradients are being recorded. The policy:
-  // what a recomputed block keeps.
+  // Blocks whose activations are recomputed in backward instead of kept (model/recompute.h),
+  // only when gradients are being recorded: the first `recompute_blocks` whole (their forward
+  // runs again), the next `selective_blocks` selectively (attention kept); -1: all the rest.
   int64_t recompute_blocks = 0;
-  RecomputePolicy recompute_policy = RecomputePolicy::block;
+  int64_t selective_blocks = 0;
 };
 TORCH_MODULE(DiT);
 

@@ -8,7 +8,9 @@
 // .grad as usual (so FSDP's and data parallel's gradient hooks fire as without it), and those
 // of the inputs flow on to the rest of the graph. Collectives inside the block (tensor parallel,
 // Ulysses, ring) run again during the recomputation, in the same order on every rank.
-// DiT::forward applies it to its first `recompute_blocks` blocks (train.recompute_blocks).
+// DiT::forward applies it to its first `recompute_blocks` blocks and the selective form below to
+// the next `selective_blocks` (from train.recompute_blocks / train.recompute_policy, or chosen
+// per block from train.memory_budget_gb: parallel/plan.h recompute_counts).
 //
 // train.recompute_policy = "selective" keeps more and reruns less: the block is taken in three
 // parts, the first (LayerNorm + modulate, the q/k/v projections, QK norm, RoPE) and the last

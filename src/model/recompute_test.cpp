@@ -20,11 +20,12 @@ struct Grads {
   std::map<std::string, at::Tensor> by_name;  // parameters, and "input.x" / "input.text"
 };
 
-Grads run(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, int64_t recompute,
-          Precision precision = Precision::fp32, RecomputePolicy policy = RecomputePolicy::block) {
+// The first `whole` blocks recomputed whole, the next `selective` selectively.
+Grads run_counts(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, int64_t whole,
+                 int64_t selective, Precision precision = Precision::fp32) {
   model->zero_grad();
-  model->recompute_blocks = recompute;
-  model->recompute_policy = policy;
+  model->recompute_blocks = whole;
+  model->selective_blocks = selective;
   at::Tensor xi = x.detach().clone().requires_grad_(true), ti = text.detach().clone().requires_grad_(true);
   Grads g;
   {
@@ -36,6 +37,13 @@ Grads run(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor
   g.by_name["input.x"] = xi.grad().clone();
   g.by_name["input.text"] = ti.grad().clone();
   return g;
+}
+
+// `recompute` blocks (-1: all) of one policy.
+Grads run(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, int64_t recompute,
+          Precision precision = Precision::fp32, RecomputePolicy policy = RecomputePolicy::block) {
+  const bool selective = policy == RecomputePolicy::selective;
+  return run_counts(model, x, t, text, selective ? 0 : recompute, selective ? recompute : 0, precision);
 }
 
 // `loose`: names (prefixes) held to 1e-2 instead of `tol`.
@@ -70,6 +78,8 @@ TEST(Recompute, SameGradientsInFloat64) {
   expect_close(plain, run(model, x, t, text, 2), 1e-12);  // the first two of three blocks
   expect_close(plain, run(model, x, t, text, -1, Precision::fp32, RecomputePolicy::selective), 1e-12);
   expect_close(plain, run(model, x, t, text, 1, Precision::fp32, RecomputePolicy::selective), 1e-12);
+  // Per block, as train.memory_budget_gb chooses: the first whole, the second selectively.
+  expect_close(plain, run_counts(model, x, t, text, 1, 1), 1e-12);
 }
 
 TEST(Recompute, RestoresAutocastInBackward) {
@@ -116,8 +126,8 @@ TEST(Recompute, HoldsFarLessBetweenForwardAndBackward) {
   at::Tensor x = at::randn({2, 4, 8, 16, 16}), t = at::tensor({100.0f, 700.0f}), text = at::randn({2, 4, 8});
   auto held = [&](int64_t recompute, RecomputePolicy policy = RecomputePolicy::block) {
     model->zero_grad();
-    model->recompute_blocks = recompute;
-    model->recompute_policy = policy;
+    model->recompute_blocks = policy == RecomputePolicy::block ? recompute : 0;
+    model->selective_blocks = policy == RecomputePolicy::selective ? recompute : 0;
     const int64_t before = heap_in_use();
     at::Tensor out = model->forward(x, t, text);
     const int64_t during = heap_in_use() - before;

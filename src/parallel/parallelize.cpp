@@ -2,6 +2,7 @@
 
 #include "parallel/data_parallel.h"
 #include "parallel/fsdp.h"
+#include "parallel/plan.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -11,8 +12,9 @@ std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh
   auto pm = std::make_unique<ParallelModel>(std::move(model), std::move(mesh));
   apply_tensor_parallel(*pm, cfg.parallel);
   apply_sequence_parallel(*pm);
-  pm->model()->recompute_blocks = cfg.train.recompute_blocks;
-  pm->model()->recompute_policy = cfg.train.recompute_policy;
+  const RecomputeCounts rc = recompute_counts(cfg);
+  pm->model()->recompute_blocks = rc.whole;
+  pm->model()->selective_blocks = rc.selective;
   if (cfg.parallel.shard > 1 || cfg.parallel.apply_all)
     apply_fsdp(*pm, cfg.parallel);
   else

@@ -18,10 +18,32 @@ double StepPlan::comm() const {
   return t;
 }
 
-StepPlan plan_step(const Config& cfg) {
+StepPlan plan_step(const Config& cfg) { return plan_step(cfg, recompute_counts(cfg)); }
+
+RecomputeCounts recompute_counts(const Config& cfg) {
+  const int64_t layers = cfg.model.layers;
+  const double budget = cfg.train.memory_budget_gb * double(1ll << 30);
+  if (budget <= 0) {
+    const int64_t n = cfg.train.recompute_blocks < 0 ? layers : std::min(cfg.train.recompute_blocks, layers);
+    return cfg.train.recompute_policy == RecomputePolicy::selective ? RecomputeCounts{0, n} : RecomputeCounts{n, 0};
+  }
+  auto fits = [&](RecomputeCounts c) { return plan_step(cfg, c).memory() <= budget; };
+  for (int64_t s = 0; s <= layers; ++s)
+    if (fits({0, s})) return {0, s};
+  for (int64_t w = 1; w <= layers; ++w)
+    if (fits({w, layers - w})) return {w, layers - w};
+  const StepPlan least = plan_step(cfg, {layers, 0});
+  fail("train.memory_budget_gb = ", cfg.train.memory_budget_gb, ": even with every block recomputed the plan needs ",
+       least.memory() / double(1ll << 30), " GiB per rank (activations ", least.activations / double(1ll << 30),
+       " GiB). Raise the budget, shard the weights (parallel.shard), split the tokens (parallel.ulysses / ring) or "
+       "lower train.batch_size");
+}
+
+StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
   const auto& m = cfg.model;
   const auto& p = cfg.parallel;
   StepPlan plan;
+  plan.recompute = rc;
   const double S = double(p.shard), R = double(p.replicate), u = double(p.ulysses), r = double(p.ring),
                T = double(p.tensor), dp = R * S, sp = u * r;
   plan.world = p.replicate * p.shard * p.ulysses * p.ring * p.tensor;
@@ -77,16 +99,15 @@ StepPlan plan_step(const Config& cfg) {
   plan.optimizer = 8 * kept;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;
   plan.gathered = p.shard > 1 ? 4 * (root + std::min<double>(2, m.layers) * block) : 0;
-  // Recomputed blocks (train.recompute_blocks) keep their input only ("block"), or also the
-  // self-attention's q, k, v and output ("selective": 5 [b, L, d] values, q, k, v and the output
-  // in bf16 when autocast is on); one of them at a time holds its full activations again during
-  // its backward.
+  // Blocks recomputed whole keep their input only, those recomputed selectively also the
+  // self-attention's q, k, v and output (5 [b, L, d] values, q, k, v and the output in bf16 when
+  // autocast is on); one of them at a time holds its full activations again during its backward.
   const double layers = double(m.layers);
-  const double recomputed = cfg.train.recompute_blocks < 0 ? layers : std::min<double>(cfg.train.recompute_blocks, layers);
+  const double n_whole = double(rc.whole), n_selective = double(rc.selective), recomputed = n_whole + n_selective;
   const double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
-  const double held = cfg.train.recompute_policy == RecomputePolicy::selective ? b * Lc * d * (4 + 4 * (bf16 ? 2 : 4))
-                                                                              : b * Lc * d * 4;
-  plan.activations = (layers - recomputed) * per_block + recomputed * held + (recomputed > 0 ? per_block : 0);
+  const double held_whole = b * Lc * d * 4, held_selective = b * Lc * d * (4 + 4 * (bf16 ? 2 : 4));
+  plan.activations = (layers - recomputed) * per_block + n_whole * held_whole + n_selective * held_selective +
+                     (recomputed > 0 ? per_block : 0);
 
   // Gradients.
   if (p.shard > 1) {
@@ -121,8 +142,8 @@ StepPlan plan_step(const Config& cfg) {
   const double act = 4, v_bytes = bf16 ? 2 : 4;
   // Attention sees this rank's heads: d / T features under tensor parallel.
   const double dh = d / T;
-  // The selective policy does not run the self-attention (with its exchanges) again.
-  const double attention_rerun = cfg.train.recompute_policy == RecomputePolicy::selective ? 0 : recomputed;
+  // Selective recomputation does not run the self-attention (with its exchanges) again.
+  const double attention_rerun = n_whole;
   add("all_to_all", "Ulysses", A * (2 * layers + attention_rerun) * spread(u, b * Lc * dh * (act + act + v_bytes + act)));
   const double kv = 2 * b * (L / r) * (dh / u) * 4;
   if (p.ring > 1)
@@ -158,6 +179,9 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
      << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered)
      << ", activations ~" << human(plan.activations) << " (estimate)\n"
      << "                total ~" << human(plan.memory()) << "\n"
+     << "recompute       " << plan.recompute.whole << " blocks whole, " << plan.recompute.selective << " selectively, "
+     << cfg.model.layers - plan.recompute.whole - plan.recompute.selective << " keep their activations"
+     << (cfg.train.memory_budget_gb > 0 ? " (the least that fits train.memory_budget_gb)" : "") << "\n"
      << "sent per step   " << human(plan.comm()) << " per rank\n";
   for (const auto& [k, v] : plan.by_purpose) os << "    " << k << ": " << human(v) << "\n";
   return os.str();

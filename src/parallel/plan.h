@@ -37,9 +37,10 @@
 // parts, then FSDP's padded shards), plus the largest gathered units (root and two blocks, as
 // each rank holds them before FSDP); activations are an
 // estimate, (18 d + 2 ffn) x 4 bytes per local token per block (what a block saves for
-// backward), not a measurement; a recomputed block (train.recompute_blocks) keeps d x 4 bytes
-// per token, plus one block's full set while it is recomputed, and runs its forward
-// collectives (tensor parallel, Ulysses, ring) twice.
+// backward), not a measurement; a block recomputed whole keeps d x 4 bytes per token, one
+// recomputed selectively 5 [b, L, d] values (q, k, v and the attention's output in bf16 under
+// autocast), plus one block's full set while it is recomputed; a recomputed block runs its
+// forward collectives (tensor parallel; Ulysses and ring only when whole) twice.
 #pragma once
 #include <map>
 #include <string>
@@ -49,8 +50,15 @@
 
 namespace vidit {
 
+// Activation checkpointing per block (model/recompute.h): the first `whole` blocks recomputed
+// whole, the next `selective` selectively, the rest keeping their activations.
+struct RecomputeCounts {
+  int64_t whole = 0, selective = 0;
+};
+
 struct StepPlan {
   int64_t world = 1;
+  RecomputeCounts recompute;
   int64_t params = 0;
   // Memory per rank, bytes.
   double weights = 0, grads = 0, optimizer = 0, ema = 0, gathered = 0, activations = 0;
@@ -62,6 +70,15 @@ struct StepPlan {
 };
 
 StepPlan plan_step(const Config& cfg);
+// The plan with the blocks recomputed as given, whatever the config says.
+StepPlan plan_step(const Config& cfg, RecomputeCounts recompute);
+// Which blocks are recomputed: train.recompute_blocks of train.recompute_policy; or, with
+// train.memory_budget_gb > 0, the least recomputation whose planned memory per rank fits the
+// budget. Blocks switch from keeping their activations to selective recomputation first (it
+// frees most of a block's activations and does not run attention again), then from selective to
+// whole. A budget that not even every block recomputed whole fits is an error naming the key,
+// the memory needed and what to change.
+RecomputeCounts recompute_counts(const Config& cfg);
 std::string format_plan(const Config& cfg, const StepPlan& plan);
 
 // Every mesh of `world` ranks that validate_mesh() accepts for this config, its

@@ -37,6 +37,44 @@ TEST(Plan, ShardingDividesTheTrainingState) {
   EXPECT_FALSE(one.by_collective.count("all_to_all"));
 }
 
+// train.memory_budget_gb: the least recomputation that fits, selective before whole, and an
+// error naming the key when nothing does. Wan 1.3B at its real 32,760 tokens, bf16, one GPU.
+TEST(Plan, MemoryBudgetChoosesTheLeastRecomputationThatFits) {
+  auto at_budget = [](double gb) {
+    return load_config(std::string(VIDIT_SOURCE_DIR) + "/configs/wan2.1-1.3b.toml",
+                       {"train.memory_budget_gb=" + std::to_string(gb)});
+  };
+  const Config c = at_budget(1000);
+  const int64_t layers = c.model.layers;
+  const double gib = double(1ll << 30);
+  const double keep = plan_step(c, {0, 0}).memory() / gib, selective = plan_step(c, {0, layers}).memory() / gib,
+               whole = plan_step(c, {layers, 0}).memory() / gib;
+  ASSERT_GT(keep, selective);
+  ASSERT_GT(selective, whole);
+  EXPECT_EQ(recompute_counts(c).whole + recompute_counts(c).selective, 0) << "everything fits: nothing recomputed";
+  for (double gb : {(keep + selective) / 2, selective + 0.01, (selective + whole) / 2, whole + 0.01}) {
+    const Config b = at_budget(gb);
+    gb = b.train.memory_budget_gb;  // as the config holds it
+    const RecomputeCounts rc = recompute_counts(b);
+    const StepPlan plan = plan_step(b);
+    EXPECT_EQ(plan.recompute.whole, rc.whole);
+    EXPECT_EQ(plan.recompute.selective, rc.selective);
+    EXPECT_LE(plan.memory() / gib, gb) << gb << " GiB: " << rc.whole << " whole, " << rc.selective << " selective";
+    // One block less recomputed (or recomputed selectively instead of whole) would not fit.
+    const RecomputeCounts less = rc.whole > 0 ? RecomputeCounts{rc.whole - 1, rc.selective + 1}
+                                              : RecomputeCounts{0, rc.selective - 1};
+    ASSERT_GE(less.selective, 0);
+    EXPECT_GT(plan_step(b, less).memory() / gib, gb) << gb << " GiB";
+    if (gb > selective) EXPECT_EQ(rc.whole, 0) << "selective comes first";
+  }
+  try {
+    recompute_counts(at_budget(whole / 2));
+    ADD_FAILURE() << "a budget below every block recomputed must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.memory_budget_gb"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Plan, ListsOnlyMeshesThatSplitEvenlyAndMarksWhatFits) {
   // 14B at 1280 tokens per sample, 16 samples per step.
   Config c = wan14b({"data.latent_frames=5", "data.latent_height=32", "data.latent_width=32", "train.batch_size=16"});

@@ -22,8 +22,7 @@ StepTimePrediction predict_step_time(const Config& cfg, const StepPlan& plan, co
   const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
   const double L = double(tokens_per_sample(cfg)), Lt = double(m.text_len), d = double(m.dim), f = double(m.ffn_dim);
   const double layers = double(m.layers);
-  const double recomputed =
-      cfg.train.recompute_blocks < 0 ? layers : std::min<double>(double(cfg.train.recompute_blocks), layers);
+  const double whole = double(plan.recompute.whole), recomputed = whole + double(plan.recompute.selective);
   const ModelInfo info = model_info(cfg);
   // One sample's forward, split into attention and the rest (model_info.cpp's terms).
   const double attention_block = 4 * L * L * d + 4 * L * Lt * d;
@@ -33,9 +32,9 @@ StepTimePrediction predict_step_time(const Config& cfg, const StepPlan& plan, co
   StepTimePrediction s;
   s.model_flops = 3 * info.forward_flops * samples;
   s.matmul_flops = (3 * matmul_fw + recomputed * matmul_block) * samples;
-  // The selective policy recomputes everything of a block but its self-attention (L^2 terms).
-  const double attention_again = cfg.train.recompute_policy == RecomputePolicy::selective ? 4 * L * Lt * d : attention_block;
-  s.attention_flops = (3 * attention_fw + recomputed * attention_again) * samples;
+  // Selective recomputation reruns everything of a block but its self-attention (L^2 terms).
+  s.attention_flops =
+      (3 * attention_fw + whole * attention_block + (recomputed - whole) * 4 * L * Lt * d) * samples;
   // A block keeps (18 d + 2 ffn) x 4 bytes per local token for backward (plan.h): written
   // forward, read and their gradients written backward; a recomputed block writes them again.
   const double per_block = b * L / double(p.ulysses * p.ring) * (18 * d + 2 * f) * 4;

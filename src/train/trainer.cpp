@@ -23,6 +23,7 @@
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
 #include "parallel/parallelize.h"
+#include "parallel/plan.h"
 #include "resilience/stop_signal.h"
 #include "model/attention_backend.h"
 #include "model/fp8.h"
@@ -90,6 +91,14 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
         std::printf("precision %s: %lld projections in the blocks multiply in FP8; the embeddings, the head and "
                     "narrow projections in bf16 (model/fp8.h)\n",
                     name_of(cfg.train.precision).c_str(), (long long)fp8_layers);
+      if (cfg.train.memory_budget_gb > 0) {
+        const StepPlan plan = plan_step(cfg);
+        std::printf("activation checkpointing for train.memory_budget_gb = %g: %lld blocks recomputed whole, %lld "
+                    "selectively, %lld keep their activations (vidit plan: ~%.2f GiB per rank)\n",
+                    cfg.train.memory_budget_gb, (long long)plan.recompute.whole, (long long)plan.recompute.selective,
+                    (long long)(cfg.model.layers - plan.recompute.whole - plan.recompute.selective),
+                    plan.memory() / double(1ll << 30));
+      }
     }
   }
   peak_tflops_ = cfg.train.peak_tflops > 0 ? cfg.train.peak_tflops

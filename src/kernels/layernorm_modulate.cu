@@ -10,6 +10,7 @@
 // No torch headers here: the launcher (layernorm_modulate_launch.h) takes raw pointers, so this
 // file compiles with `nvcc -std=c++17 -c` alone. Backward lives in layernorm_modulate_cuda.cpp.
 #include "kernels/layernorm_modulate_launch.h"
+#include "kernels/row_ops.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,79 +26,7 @@ namespace {
 constexpr int kMaxIters = 8;        // register-cached chunks per thread (x V elements each)
 constexpr int kFallbackThreads = 512;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits16) {
-  return __uint_as_float(bits16 << 16);  // bf16 is the top half of an fp32: exact
-}
-
-// Loads V consecutive elements of x (16-byte aligned for float, 8-byte for bf16 when V == 4).
-template <int V, typename T>
-__device__ __forceinline__ void load_x(const T* __restrict__ p, float (&out)[V]) {
-  if constexpr (V == 1) {
-    out[0] = to_float(p[0]);
-  } else {
-    static_assert(V == 4, "vector width is 1 or 4");
-    if constexpr (sizeof(T) == 4) {
-      const float4 q = *reinterpret_cast<const float4*>(p);
-      out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
-    } else {
-      const uint2 q = *reinterpret_cast<const uint2*>(p);  // 4 bf16, little endian
-      out[0] = bf16_bits_to_float(q.x & 0xffffu);
-      out[1] = bf16_bits_to_float(q.x >> 16);
-      out[2] = bf16_bits_to_float(q.y & 0xffffu);
-      out[3] = bf16_bits_to_float(q.y >> 16);
-    }
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void load_f32(const float* __restrict__ p, float (&out)[V]) {
-  if constexpr (V == 1) {
-    out[0] = p[0];
-  } else {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void store_f32(float* __restrict__ p, const float (&v)[V]) {
-  if constexpr (V == 1) {
-    p[0] = v[0];
-  } else {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the kTPR threads of one row (threadIdx.x in [0, kTPR)); every thread gets the total.
-// For kTPR > 32 the block holds exactly one row and `red` has kTPR / 32 floats.
-template <int kTPR>
-__device__ __forceinline__ float row_sum(float v, float* red) {
-  v = warp_sum(v);
-  if constexpr (kTPR > 32) {
-    constexpr int kWarps = kTPR / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();  // every reader of the previous reduction is done with `red`
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < kWarps ? red[lane] : 0.f;
-    v = warp_sum(v);
-  }
-  return v;
-}
-
-// Rows per block: 4 warps of one row each for kTPR = 32, else one row per block.
-template <int kTPR>
-__host__ __device__ constexpr int rows_per_block() {
-  return kTPR >= 128 ? 1 : 128 / kTPR;
-}
+using namespace rowops;
 
 // Register-cached kernel: D <= kTPR * kIters * V. blockDim = (kTPR, rows_per_block<kTPR>()).
 template <typename T, int V, int kIters, int kTPR>
@@ -118,7 +47,7 @@ __global__ void __launch_bounds__(kTPR * rows_per_block<kTPR>())
   for (int i = 0; i < kIters; ++i) {
     const int col = (i * kTPR + t) * V;
     if (col < D) {
-      load_x<V>(xr + col, v[i]);
+      load_f32<V>(xr + col, v[i]);
 #pragma unroll
       for (int j = 0; j < V; ++j) sum += v[i][j];
     } else {
@@ -181,7 +110,7 @@ __global__ void __launch_bounds__(kFallbackThreads)
   float sum = 0.f;
   for (int col = threadIdx.x * V; col < D; col += stride) {
     float v[V];
-    load_x<V>(xr + col, v);
+    load_f32<V>(xr + col, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) sum += v[j];
   }
@@ -191,7 +120,7 @@ __global__ void __launch_bounds__(kFallbackThreads)
   float sq = 0.f;
   for (int col = threadIdx.x * V; col < D; col += stride) {
     float v[V];
-    load_x<V>(xr + col, v);
+    load_f32<V>(xr + col, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float d = v[j] - mean;
@@ -207,7 +136,7 @@ __global__ void __launch_bounds__(kFallbackThreads)
   float* yr = y + row * D;
   for (int col = threadIdx.x * V; col < D; col += stride) {
     float v[V], sh[V], sc[V], out[V];
-    load_x<V>(xr + col, v);
+    load_f32<V>(xr + col, v);
     load_f32<V>(shr + col, sh);
     load_f32<V>(scr + col, sc);
 #pragma unroll

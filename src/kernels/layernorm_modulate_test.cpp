@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "kernels/tensor_compare.h"
 #include "kernels/layernorm_modulate.h"
 
 namespace vidit {
@@ -52,27 +53,8 @@ at::Tensor composition(const at::Tensor& x, const at::Tensor& shift, const at::T
   return at::layer_norm(xf, {xf.size(-1)}, {}, {}, eps) * (1 + scale) + shift;
 }
 
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().to(at::kCPU, at::kDouble) - b.detach().to(at::kCPU, at::kDouble))
-      .abs()
-      .max()
-      .item<double>();
-}
-
-// |a - b| <= atol + rtol * |b| everywhere.
-::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& b, double atol,
-                                 double rtol) {
-  if (a.sizes() != b.sizes())
-    return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << b.sizes();
-  const at::Tensor ad = a.detach().to(at::kCPU, at::kDouble);
-  const at::Tensor bd = b.detach().to(at::kCPU, at::kDouble);
-  const at::Tensor excess = (ad - bd).abs() - (atol + rtol * bd.abs());
-  const double worst = excess.max().item<double>();
-  if (worst <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max |a-b| = " << max_abs_diff(a, b)
-                                       << " exceeds atol " << atol << " + rtol " << rtol
-                                       << " * |b| by " << worst;
-}
+using test::close;
+using test::max_abs_diff;
 
 bool cuda_ready() { return layernorm_modulate_cuda_available() && torch::cuda::is_available(); }
 

@@ -97,6 +97,25 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (threadIdx.x == 0) rstd_out[row] = rstd;
 }
 
+// Channel pair p of a row in the backward: xn = x * rstd, gn = grad_y turned back by the pair's
+// angle (the gradient of the normalised, weighted row), g = gn * weight.
+struct PairGrad {
+  float2 xn, gn, g;
+};
+template <typename T, bool kVec>
+__device__ __forceinline__ PairGrad pair_grad(const T* xr, const float* gr, const float* weight, const float* cr,
+                                              const float* sr, int p, int half_hd, float rstd) {
+  const float2 v = load_pair<T, kVec>(xr + 2 * p), gy = load_pair<float, kVec>(gr + 2 * p);
+  const float2 w = load_pair<float, kVec>(weight + 2 * p);
+  const int j = p % half_hd;
+  const float c = cr[j], s = sr[j];
+  PairGrad t;
+  t.xn = make_float2(v.x * rstd, v.y * rstd);
+  t.gn = make_float2(gy.x * c + gy.y * s, gy.y * c - gy.x * s);
+  t.g = make_float2(t.gn.x * w.x, t.gn.y * w.y);
+  return t;
+}
+
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads)
     qk_norm_rope_backward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
@@ -118,27 +137,16 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float* gr = grad_y + row * D;
     float dot = 0.f;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-      const float2 v = load_pair<T, kVec>(xr + 2 * p);
-      const float2 gy = load_pair<float, kVec>(gr + 2 * p);
-      const float2 w = load_pair<float, kVec>(weight + 2 * p);
-      const int j = p % half_hd;
-      const float c = cr[j], s = sr[j];
-      const float gn0 = gy.x * c + gy.y * s, gn1 = gy.y * c - gy.x * s;  // turned back
-      const float xn0 = v.x * rstd, xn1 = v.y * rstd;
-      dw[2 * p] += gn0 * xn0;  // each thread owns its pairs: no two threads touch one entry
-      dw[2 * p + 1] += gn1 * xn1;
-      dot += gn0 * w.x * xn0 + gn1 * w.y * xn1;
+      const PairGrad t = pair_grad<T, kVec>(xr, gr, weight, cr, sr, p, half_hd, rstd);
+      dw[2 * p] += t.gn.x * t.xn.x;  // each thread owns its pairs: no two threads touch one entry
+      dw[2 * p + 1] += t.gn.y * t.xn.y;
+      dot += t.g.x * t.xn.x + t.g.y * t.xn.y;
     }
     const float mean_dot = block_sum(dot, red) / float(D);
     T* dxr = grad_x + row * D;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-      const float2 v = load_pair<T, kVec>(xr + 2 * p);
-      const float2 gy = load_pair<float, kVec>(gr + 2 * p);
-      const float2 w = load_pair<float, kVec>(weight + 2 * p);
-      const int j = p % half_hd;
-      const float c = cr[j], s = sr[j];
-      const float g0 = (gy.x * c + gy.y * s) * w.x, g1 = (gy.y * c - gy.x * s) * w.y;
-      store_pair<T, kVec>(dxr + 2 * p, rstd * (g0 - v.x * rstd * mean_dot), rstd * (g1 - v.y * rstd * mean_dot));
+      const PairGrad t = pair_grad<T, kVec>(xr, gr, weight, cr, sr, p, half_hd, rstd);
+      store_pair<T, kVec>(dxr + 2 * p, rstd * (t.g.x - t.xn.x * mean_dot), rstd * (t.g.y - t.xn.y * mean_dot));
     }
   }
   __syncthreads();

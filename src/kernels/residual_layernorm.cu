@@ -15,6 +15,7 @@
 // No torch headers here: the launcher (residual_layernorm_launch.h) takes raw pointers, so this
 // file compiles with `nvcc -std=c++17 -c` alone. Backward lives in residual_layernorm_cuda.cpp.
 #include "kernels/residual_layernorm_launch.h"
+#include "kernels/row_ops.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,35 +31,7 @@ namespace {
 constexpr int kMaxIters = 8;  // register-cached chunks per thread (x V elements each)
 constexpr int kFallbackThreads = 512;
 
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits16) {
-  return __uint_as_float(bits16 << 16);  // bf16 is the top half of an fp32: exact
-}
-
-// V consecutive fp32 values (16-byte aligned when V == 4).
-template <int V>
-__device__ __forceinline__ void load_f32(const float* p, float (&out)[V]) {
-  if constexpr (V == 1) {
-    out[0] = p[0];
-  } else {
-    static_assert(V == 4, "vector width is 1 or 4");
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
-  }
-}
-
-// V consecutive bf16 values as fp32 (8-byte aligned when V == 4).
-template <int V>
-__device__ __forceinline__ void load_f32(const __nv_bfloat16* p, float (&out)[V]) {
-  if constexpr (V == 1) {
-    out[0] = __bfloat162float(p[0]);
-  } else {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);  // 4 bf16, little endian
-    out[0] = bf16_bits_to_float(q.x & 0xffffu);
-    out[1] = bf16_bits_to_float(q.x >> 16);
-    out[2] = bf16_bits_to_float(q.y & 0xffffu);
-    out[3] = bf16_bits_to_float(q.y >> 16);
-  }
-}
+using namespace rowops;
 
 // An optional operand: base[off, off + V), or `fill` everywhere when base is null.
 template <int V>
@@ -69,15 +42,6 @@ __device__ __forceinline__ void load_or(const float* base, int64_t off, float fi
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) out[j] = fill;
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
-  if constexpr (V == 1) {
-    p[0] = v[0];
-  } else {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   }
 }
 
@@ -107,35 +71,6 @@ __device__ __forceinline__ void modulate_chunk(const float (&r)[V], float mean, 
   load_or<V>(scale, b * D + col, 0.f, sc);
 #pragma unroll
   for (int j = 0; j < V; ++j) o[j] = ((r[j] - mean) * rstd * w[j] + bi[j]) * (1.f + sc[j]) + sh[j];
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the kTPR threads of one row (threadIdx.x in [0, kTPR)); every thread gets the total.
-// For kTPR > 32 the block holds exactly one row and `red` has kTPR / 32 floats.
-template <int kTPR>
-__device__ __forceinline__ float row_sum(float v, float* red) {
-  v = warp_sum(v);
-  if constexpr (kTPR > 32) {
-    constexpr int kWarps = kTPR / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();  // every reader of the previous reduction is done with `red`
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < kWarps ? red[lane] : 0.f;
-    v = warp_sum(v);
-  }
-  return v;
-}
-
-// Rows per block: 4 warps of one row each for kTPR = 32, else one row per block.
-template <int kTPR>
-__host__ __device__ constexpr int rows_per_block() {
-  return kTPR >= 128 ? 1 : 128 / kTPR;
 }
 
 // Register-cached kernel: D <= kTPR * kIters * V. blockDim = (kTPR, rows_per_block<kTPR>()).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/tensor_compare.h"
 #include "kernels/residual_layernorm.h"
 
 namespace vidit {
@@ -86,28 +87,8 @@ ResidualNorm run(OpFn op, const Args& a) {
   return op(a[kX], a[kY], a[kGate], a[kWeight], a[kBias], a[kShift], a[kScale], kEps);
 }
 
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().to(at::kCPU, at::kDouble) - b.detach().to(at::kCPU, at::kDouble))
-      .abs()
-      .max()
-      .item<double>();
-}
-
-// |a - b| <= atol + rtol * |b| everywhere.
-::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& b, double atol,
-                                 double rtol) {
-  if (a.defined() != b.defined())
-    return ::testing::AssertionFailure() << "one tensor is undefined, the other is not";
-  if (!a.defined()) return ::testing::AssertionSuccess();
-  if (a.sizes() != b.sizes())
-    return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << b.sizes();
-  const at::Tensor ad = a.detach().to(at::kCPU, at::kDouble);
-  const at::Tensor bd = b.detach().to(at::kCPU, at::kDouble);
-  const double worst = ((ad - bd).abs() - (atol + rtol * bd.abs())).max().item<double>();
-  if (worst <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max |a-b| = " << max_abs_diff(a, b) << " exceeds atol "
-                                       << atol << " + rtol " << rtol << " * |b| by " << worst;
-}
+using test::close;
+using test::max_abs_diff;
 
 // Gradients of sum(r * g_r) + sum(out * g_out) (an undefined weight drops its term) with respect
 // to every defined argument, through the op's autograd; undefined where the argument is. With

@@ -18,34 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=se
 unset RANK WORLD_SIZE LOCAL_RANK SLURM_PROCID SLURM_NTASKS SLURM_JOB_ID SLURM_RESTART_COUNT
 command -v sbatch >/dev/null || { echo "run_slurm: sbatch not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 1; }
 
-# The tiny model of the fault matrix, as a config file (sbatch --export splits on commas).
-cat >"$W/tiny.toml" <<'TOML'
-[model]
-dim = 32
-ffn_dim = 64
-heads = 2
-layers = 2
-in_channels = 4
-out_channels = 4
-patch = [1, 2, 2]
-text_dim = 8
-text_len = 4
-freq_dim = 16
-[data]
-source = "synthetic"
-latent_frames = 2
-latent_height = 4
-latent_width = 4
-[train]
-batch_size = 4
-threads = 1
-log_every = 1
-steps = 8
-ckpt_every = 2
-keep_checkpoints = 3
-[parallel]
-shard = 2
-TOML
+cp "$HERE/tiny.toml" "$W/tiny.toml"   # the tiny model, as a config file (sbatch --export splits on commas)
 export SLURM_TRY_DIR=$W/cluster
 
 fail() { echo "run_slurm: FAILED: $*"; [ -f "$W/job.out" ] && tail -30 "$W/job.out"; bash "$HERE/stop_cluster.sh" >/dev/null 2>&1; exit 1; }

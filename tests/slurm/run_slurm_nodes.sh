@@ -71,33 +71,7 @@ done
 [ "$(on_ctl sinfo -h -o %T | sort -u)" = idle ] || { on_ctl sinfo; fail "the nodes did not come up"; }
 on_ctl sinfo -N -o "%N %T %o"
 
-cat >"$W/tiny.toml" <<'TOML'
-[model]
-dim = 32
-ffn_dim = 64
-heads = 2
-layers = 2
-in_channels = 4
-out_channels = 4
-patch = [1, 2, 2]
-text_dim = 8
-text_len = 4
-freq_dim = 16
-[data]
-source = "synthetic"
-latent_frames = 2
-latent_height = 4
-latent_width = 4
-[train]
-batch_size = 4
-threads = 1
-log_every = 1
-steps = 8
-ckpt_every = 2
-keep_checkpoints = 3
-[parallel]
-shard = 2
-TOML
+cp "$HERE/tiny.toml" "$W/tiny.toml"
 
 # submit NAME SETS: a two-node job of the batch script, its log in $W/NAME.out; prints the job id.
 submit() {

@@ -1,6 +1,6 @@
 // Fused QK RMSNorm + RoPE kernels (the op: kernels/qk_norm_rope.h; the launch contract:
 // qk_norm_rope_launch.h). One block per row (token) in the forward: a first pass over the row
-// sums the squares, a second reads the row again (from L1/L2: a row is at most 48 KB) and
+// sums the squares, a second reads the row again (from L1/L2: a row is at most 48 KiB) and
 // writes each channel pair normalised, weighted and turned by its angle. Thread t handles pairs
 // t, t + blockDim, ...; pair p is channel pair p % (head_dim / 2) of head p / (head_dim / 2).
 // The backward runs qk_norm_rope_backward_blocks(rows) blocks, each over rows b, b + gridDim, ...;
@@ -22,7 +22,7 @@ namespace vidit {
 namespace {
 
 constexpr int kMaxThreads = 256;
-constexpr int64_t kMaxD = 12288;  // the backward's shared row of partial sums: 48 KB
+constexpr int64_t kMaxD = kQkNormRopeMaxDim;
 
 template <typename T, bool kVec>
 __device__ __forceinline__ float2 load_pair(const T* p) {

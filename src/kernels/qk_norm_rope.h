@@ -13,10 +13,17 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include "kernels/qk_norm_rope_limits.h"
+
 namespace vidit {
 
 // True when this build has the CUDA kernels (a CUDA torch at configure time).
 bool qk_norm_rope_cuda_available();
+
+// True when qk_norm_rope_fused takes these inputs: a CUDA build, x [B, L, D] fp32 or bf16 on a
+// GPU with D split into `heads` even heads and D <= kQkNormRopeMaxDim, cos / sin fp32
+// [L, head_dim / 2] on its device. The model falls back to its ATen path otherwise.
+bool qk_norm_rope_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads);
 
 // Differentiable fused op on CUDA tensors (gradients for x and weight). Throws vidit::Error
 // without the CUDA build or for inputs it does not take.

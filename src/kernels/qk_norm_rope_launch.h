@@ -9,7 +9,7 @@
 //   grad_y   [B * L, D] fp32;  grad_x [B * L, D] in x's dtype
 //   grad_weight_partial  [qk_norm_rope_backward_blocks(B * L), D] fp32: per-block sums over rows,
 //            which the caller adds up
-// D and head_dim even, head_dim divides D, D <= 12288 (the backward keeps a row of partial
+// D and head_dim even, head_dim divides D, D <= kQkNormRopeMaxDim (the backward keeps a row of partial
 // sums in shared memory). Throws std::invalid_argument for bad sizes and std::runtime_error
 // (with the CUDA error) when a launch fails. B * L == 0 launches nothing.
 #pragma once
@@ -17,9 +17,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/qk_norm_rope_limits.h"
+
 namespace vidit {
 
 inline int64_t qk_norm_rope_backward_blocks(int64_t rows) { return rows < 1024 ? rows : 1024; }
+
 
 void launch_qk_norm_rope_forward(const void* x, bool x_is_bf16, const float* weight, const float* cos,
                                  const float* sin, float* y, float* rstd, int64_t B, int64_t L, int64_t D,

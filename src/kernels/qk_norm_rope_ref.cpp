@@ -90,6 +90,18 @@ QkNormRopeGrads qk_norm_rope_backward_reference(const at::Tensor& x_in, const at
   return {dx.to(at::kFloat), dw.to(at::kFloat)};
 }
 
+bool qk_norm_rope_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads) {
+  if (!qk_norm_rope_cuda_available() || !x.is_cuda() || x.dim() != 3 || heads <= 0) return false;
+  const int64_t L = x.size(1), D = x.size(2);
+  if (D % heads || (D / heads) % 2 || D > kQkNormRopeMaxDim) return false;
+  if (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) return false;
+  for (const at::Tensor* t : {&cos, &sin})
+    if (t->scalar_type() != at::kFloat || t->device() != x.device() || t->dim() != 2 || t->size(0) != L ||
+        t->size(1) != D / heads / 2)
+      return false;
+  return true;
+}
+
 #ifndef VIDIT_HAVE_CUDA
 bool qk_norm_rope_cuda_available() { return false; }
 at::Tensor qk_norm_rope_fused(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,

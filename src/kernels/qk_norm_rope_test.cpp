@@ -1,7 +1,7 @@
 // Fused QK RMSNorm + RoPE: the fp64 references (forward and backward) against the model's own
 // path, RMSNorm then RoPE through ATen autograd in fp64; on a CUDA build with a GPU, the fused
-// kernels against the references for fp32 and bf16 inputs, every launch path, and the model's
-// attention with and without them.
+// kernels against the references for fp32 and bf16 inputs and every launch path (vector and
+// scalar loads; backward blocks that take several rows).
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -66,6 +66,20 @@ TEST(QkNormRope, ReferencesAreTheModelsNormThenRotation) {
   }
 }
 
+TEST(QkNormRope, AppliesOnlyWhereTheKernelsTakeTheInputs) {
+  const Inputs in = make_inputs({1, 4, 64, 2}, at::kFloat, 8);
+  EXPECT_FALSE(qk_norm_rope_applies(in.x, in.cos, in.sin, 2)) << "CPU tensors";
+  if (!torch::cuda::is_available() || !qk_norm_rope_cuda_available()) return;
+  const at::Device dev(at::kCUDA, 0);
+  EXPECT_TRUE(qk_norm_rope_applies(in.x.to(dev), in.cos.to(dev), in.sin.to(dev), 2));
+  EXPECT_FALSE(qk_norm_rope_applies(in.x.to(dev), in.cos.to(dev), in.sin.to(dev), 3)) << "heads do not split D";
+  EXPECT_FALSE(qk_norm_rope_applies(in.x.to(dev), in.cos, in.sin, 2)) << "tables on another device";
+  static_assert(96 * 128 > kQkNormRopeMaxDim);
+  const at::Tensor wide = at::zeros({1, 1, 96 * 128}, at::TensorOptions().device(dev));
+  const auto t = rope_tables(1, 1, 1, 128, 10000.0, dev);
+  EXPECT_FALSE(qk_norm_rope_applies(wide, t[0], t[1], 96)) << "wider than the kernels take";
+}
+
 TEST(QkNormRope, ReferenceRefusesShapesItCannotSplit) {
   const Inputs in = make_inputs({1, 2, 16, 2}, at::kFloat, 9);
   EXPECT_THROW(qk_norm_rope_reference(in.x, in.weight, in.cos, in.sin, 3, kEps), std::exception);
@@ -82,7 +96,9 @@ TEST(QkNormRope, CudaMatchesTheReferences) {
   uint64_t seed = 100;
   double worst_y = 0, worst_dx = 0, worst_dw = 0;
   for (at::ScalarType dt : {at::kFloat, at::kBFloat16})
-    for (const Case& k : {Case{2, 5, 64, 2}, Case{1, 37, 1536, 12}, Case{1, 9, 5120, 40}, Case{2, 3, 90, 3}})
+    // 2 x 600 rows: more than the backward's 1024 blocks, so blocks reuse their sums over rows.
+    for (const Case& k : {Case{2, 5, 64, 2}, Case{1, 37, 1536, 12}, Case{1, 9, 5120, 40}, Case{2, 3, 90, 3},
+                          Case{2, 600, 128, 2}})
       for (bool misaligned : {false, true}) {
         const Inputs in = make_inputs(k, dt, seed++);
         at::Tensor xd = in.x.to(dev);

@@ -65,10 +65,8 @@ std::vector<at::Tensor> SelfAttentionImpl::qkv(const at::Tensor& x, const at::Te
   // On a GPU the norm and the rotation are one kernel (kernels/qk_norm_rope.h), unless the norm
   // spans ranks (tensor parallel: its mean square is a collective).
   auto norm_rope = [&](RMSNorm& norm, const at::Tensor& t) {
-    const bool fused = t.is_cuda() && !norm->mean_square && qk_norm_rope_cuda_available() &&
-                       (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) &&
-                       cos.scalar_type() == at::kFloat && t.size(2) % heads == 0 && (t.size(2) / heads) % 2 == 0;
-    if (fused) return qk_norm_rope_fused(t, fp32(norm->weight), cos, sin, heads, norm->eps);
+    if (!norm->mean_square && qk_norm_rope_applies(t, cos, sin, heads))
+      return qk_norm_rope_fused(t, fp32(norm->weight), cos, sin, heads, norm->eps);
     return rope_apply(heads_of(norm(t)), cos, sin);
   };
   return {norm_rope(norm_q, project(linear_fn, q, xs)), norm_rope(norm_k, project(linear_fn, k, xs)),

@@ -89,35 +89,18 @@ __global__ void __launch_bounds__(kTPR * rows_per_block<kTPR>())
   const int64_t b = row / L;
 
   float v[kIters][V];
-  float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int col = (i * kTPR + t) * V;
     if (col < D) {
       residual_chunk<T, V>(x, y, gate, row, b, D, col, v[i]);
-#pragma unroll
-      for (int j = 0; j < V; ++j) sum += v[i][j];
     } else {
 #pragma unroll
       for (int j = 0; j < V; ++j) v[i][j] = 0.f;
     }
   }
-  const float inv_d = 1.f / float(D);
-  const float mean = row_sum<kTPR>(sum, red) * inv_d;
-
-  float sq = 0.f;
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int col = (i * kTPR + t) * V;
-    if (col < D) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float d = v[i][j] - mean;
-        sq += d * d;
-      }
-    }
-  }
-  const float rstd = rsqrtf(row_sum<kTPR>(sq, red) * inv_d + eps);
+  const float2 stats = row_mean_rstd<kTPR, kIters, V>(v, D, eps, red);
+  const float mean = stats.x, rstd = stats.y;
 
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {

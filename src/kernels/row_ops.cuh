@@ -74,6 +74,32 @@ __device__ __forceinline__ float row_sum(float v, float* red) {
   return v;
 }
 
+// Mean and rstd = 1 / sqrt(biased variance + eps) of a row held in registers: this thread holds
+// chunk i at columns (i * kTPR + threadIdx.x) * V, zeros past D. Two exact passes (no Welford
+// drift); every thread of the row gets both.
+template <int kTPR, int kIters, int V>
+__device__ __forceinline__ float2 row_mean_rstd(const float (&v)[kIters][V], int D, float eps, float* red) {
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i)
+#pragma unroll
+    for (int j = 0; j < V; ++j) sum += v[i][j];
+  const float inv_d = 1.f / float(D);
+  const float mean = row_sum<kTPR>(sum, red) * inv_d;
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    if ((i * kTPR + int(threadIdx.x)) * V < D) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = v[i][j] - mean;
+        sq += d * d;
+      }
+    }
+  }
+  return make_float2(mean, rsqrtf(row_sum<kTPR>(sq, red) * inv_d + eps));
+}
+
 // Rows per block: 4 warps of one row each for kTPR = 32, else one row per block.
 template <int kTPR>
 __host__ __device__ constexpr int rows_per_block() {

@@ -26,6 +26,7 @@
 #include "core/safetensors.h"
 #include "loader/dataset.h"
 #include "parallel/comm.h"
+#include "parallel/fsdp.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
 #include "model/model_info.h"
@@ -102,6 +103,9 @@ int main(int argc, char** argv) {
     std::vector<double> times, waits;
     double loss_sum = 0;  // over every step, warm-up included: the FP8 / bf16 loss gap
     for (int i = 0; i < warmup; ++i) loss_sum += trainer.step().loss;
+    // What FSDP puts into its weight all-gathers (parallel.gather_dtype, parallel.fp8_all_gather).
+    const auto* fsdp = trainer.parallel_model().find<FullyShardedDataParallel>();
+    const int64_t gathered_before = fsdp ? fsdp->gather_sent_bytes() : 0;
     const int gpu = dev.is_cuda() ? std::max<int>(0, dev.index()) : -1;
     if (gpu >= 0) cuda_reset_peak_memory(gpu);
     {
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
         waits.push_back(r.comm_wait_s);
       }
     }
+    const double gather_mb = fsdp ? double(fsdp->gather_sent_bytes() - gathered_before) / steps / 1e6 : 0.0;
     if (!lead) return 0;
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
@@ -136,7 +141,8 @@ int main(int argc, char** argv) {
                                        {"ranks", env.world}, {"comm_wait_s", mesh ? wait : 0.0},
                                        {"peak_rss_mb", peak_rss_mb()},
                                        {"mean_loss", loss_sum / (warmup + steps)},
-                                       {"gpu_peak_gb", gpu_peak_gb}}.dump().c_str());
+                                       {"gpu_peak_gb", gpu_peak_gb},
+                                       {"gather_mb_per_step", gather_mb}}.dump().c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

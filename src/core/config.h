@@ -161,6 +161,9 @@ using NumList = std::vector<double>;
   KEY(Precision, precision, Precision::fp32, any,                                                      \
       "\"fp32\", \"bf16\" (autocast matmuls; fp32 norms, modulation, RoPE), or bf16 with the blocks' "   \
       "projections in FP8: \"fp8\" (one scale per tensor) or \"fp8_rowwise\" (per row; model/fp8.h)")    \
+  KEY(bool, fp8_fast_accum, true, any,                                                                 \
+      "FP8: the forward's scaled matmuls accumulate in the tensor cores' fast mode (use_fast_accum); the "  \
+      "gradients' never do")                                                                             \
   KEY(AttentionBackend, attention_backend, AttentionBackend::automatic, any,                           \
       "SDPA kernel: \"auto\" (PyTorch picks), \"flash\", \"cudnn\", \"efficient\" or \"math\"; "           \
       "the one that runs is logged (model/attention_backend.h)")                                        \
@@ -260,6 +263,11 @@ using NumList = std::vector<double>;
   KEY(bool, reshard_after_forward, true, any, "FSDP: free a block's gathered weights after its forward") \
   KEY(bool, prefetch, true, any, "FSDP: issue the next block's all-gather before the current block runs") \
   KEY(Precision, reduce_dtype, Precision::fp32, fp32_or_bf16, "FSDP: gradients reduce-scattered in \"fp32\" or \"bf16\"") \
+  KEY(Precision, gather_dtype, Precision::fp32, fp32_or_bf16,                                          \
+      "FSDP: weights all-gathered in \"fp32\" or \"bf16\" (half the bytes; what bf16 autocast multiplies by anyway)") \
+  KEY(bool, fp8_all_gather, true, any,                                                                 \
+      "FSDP with train.precision fp8 / fp8_rowwise: the blocks' FP8 projection weights are all-gathered in e4m3 " \
+      "(1 byte a weight), quantised by their owners with scales agreed in one all-reduce per forward") \
   KEY(bool, apply_all, false, any,                                                                     \
       "apply tensor parallel and FSDP even at degree 1, so a one-process run (e.g. one GPU over NCCL) " \
       "runs their code and collectives; for checks")

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "../../tests/test_util.h"
+#include "core/gpu_events.h"
 #include "loader/dataset.h"
 #include "model/dit.h"
 #include "model/state_dict.h"
@@ -186,6 +188,35 @@ TEST(CudaParity, AsyncCheckpointSnapshotsIntoPinnedBuffersAndEqualsTheSyncSave) 
       const TensorMap& other = m == &x.model ? y.model : m == &x.ema ? y.ema : y.optimizer;
       EXPECT_TRUE(at::equal(v, other.at(key))) << key;
     }
+}
+
+// Device time, not host time: launching work returns at once, the events measure it running;
+// a training step's busy time on the device is positive and within its host time.
+TEST(CudaParity, GpuEventsTimeTheDeviceAndTheStepsBusyTime) {
+  SKIP_WITHOUT_CUDA();
+  const at::Tensor a = at::randn({4096, 4096}, at::kCUDA);
+  at::Tensor b = a;
+  torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  const GpuEventPtr start = record_gpu_event(0);
+  for (int i = 0; i < 20; ++i) b = at::matmul(b, a) * (1.0 / 64);
+  const GpuEventPtr end = record_gpu_event(0);
+  const double launch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double device_s = gpu_seconds_between(start, end);
+  const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("GPU_PARITY gpu_events launch %.2e s device %.2e s host %.2e s\n", launch_s, device_s, host_s);
+  EXPECT_GT(device_s, 0);
+  EXPECT_LE(device_s, host_s * 1.01);
+  EXPECT_EQ(record_gpu_event(-1), nullptr);
+
+  ScratchDir dir("cuda_busy");
+  const Config c = tiny_config({"train.steps=3", "train.out_dir=\"" + dir.path() + "\""});
+  Trainer t(c, std::make_shared<SyntheticDataset>(c, 32, 11), at::zeros({c.model.text_len, c.model.text_dim}), at::kCUDA);
+  for (int i = 0; i < 3; ++i) {
+    const StepResult r = t.step();
+    EXPECT_GT(r.device_busy_s, 0) << "step " << r.step;
+    EXPECT_LE(r.device_busy_s, r.seconds * 1.01) << "step " << r.step;
+  }
 }
 
 }  // namespace

@@ -5,12 +5,16 @@
 //   forward   x and W are scaled so that their largest magnitude lands on e4m3's 448 and cast
 //             to e4m3. "fp8": one scale per tensor; "fp8_rowwise": one per row of x (a token)
 //             and per row of W (an output feature), which an outlier token or feature cannot
-//             spoil for the rest. y = _scaled_mm(x8, W8^T) x the scales, in bf16, then + b.
+//             spoil for the rest. y = _scaled_mm(x8, W8^T) x the scales, in bf16, then + b;
+//             train.fp8_fast_accum lets the tensor cores accumulate this product in their fast
+//             mode (the gradients' products never do: their sums are longer).
 //   backward  the incoming gradient dy is cast to e5m2 (max 57344: the range gradients need,
 //             with fewer mantissa bits) with one scale per tensor, and
-//               dx = dy W    W cast to e4m3 again with one scale per tensor (the scales of a
-//                            scaled matmul lie along its output's rows and columns, never along
-//                            the summed dimension, so W's per-row scales cannot serve here);
+//               dx = dy W    from the forward's e4m3 W (recast from W, or the copy FSDP
+//                            gathered). The scales of a scaled matmul lie along its output's rows
+//                            and columns, never along the summed dimension, so in the rowwise
+//                            recipe W's per-row scales s go onto dy instead: dy W = (dy s^T) W8,
+//                            with dy s^T cast to e5m2 with one scale (W is quantised once);
 //               dW = dy^T x  from the e4m3 copy of x the forward kept (1 byte a value, not the
 //                            2 or 4 of x), re-scaled to one scale per tensor in the rowwise
 //                            recipe for the same reason; tokens padded with zero rows to a
@@ -43,12 +47,23 @@ struct Fp8Tensor {
 Fp8Tensor to_fp8(const at::Tensor& t, at::ScalarType dtype, bool rowwise);
 // Back to fp32 (data * scale).
 at::Tensor from_fp8(const Fp8Tensor& t);
+// The two halves of to_fp8, for code that finds the largest magnitude elsewhere (FSDP agrees
+// on it across the shards of a weight): the scale for a largest magnitude `amax`, and
+// t / scale cast to `dtype`. to_fp8(t) is fp8_cast(t, fp8_scale(amax of t)).
+at::Tensor fp8_scale(const at::Tensor& amax, at::ScalarType dtype);
+at::Tensor fp8_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType dtype);
 
 // y = x W^T + b in FP8 with autograd (x [..., in], W [out, in], b [out] or undefined); bf16 out.
-// Falls back to at::linear when a width is not a multiple of 16.
-at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool rowwise);
+// Falls back to at::linear when a width is not a multiple of 16. `w8`, when given, is W already
+// in e4m3 with the recipe's scales (FSDP's gathered copy): W's own values are then never read,
+// only its shape and dtype, and its gradient is still W's.
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool rowwise,
+                      bool fast_accum = false, const Fp8Tensor* w8 = nullptr);
 // True when fp8_linear multiplies x [..., in] by W [out, in] in FP8.
 bool fp8_eligible(int64_t in, int64_t out);
+// True for the name of a weight apply_fp8 routes through fp8_linear ("blocks.3.ffn.0.weight"); it
+// multiplies in FP8 when its shape is also fp8_eligible.
+bool fp8_projection_weight(const std::string& name);
 
 // The recipe above in fp64 from the same quantised operands: y, and dx, dW, db for a given dy.
 struct Fp8Reference {
@@ -59,6 +74,6 @@ Fp8Reference fp8_linear_reference(const at::Tensor& x, const at::Tensor& w, cons
 
 // Installs fp8_linear in every block's projections when `precision` is fp8 or fp8_rowwise
 // (nothing otherwise); returns how many projections multiply in FP8 (for the log).
-int64_t apply_fp8(DiTImpl& model, Precision precision);
+int64_t apply_fp8(DiTImpl& model, Precision precision, bool fast_accum = false);
 
 }  // namespace vidit

@@ -89,6 +89,48 @@ INSTANTIATE_TEST_SUITE_P(Scalings, Fp8Linear,
                                   (i.param.dtype == at::kFloat ? "Fp32" : "Bf16");
                          });
 
+// A weight handed over already in e4m3 (as FSDP gathers it) gives the product and gradients of
+// casting the weight there, bit for bit, without reading the weight's values.
+TEST(Fp8, AGivenE4m3WeightIsTheWeightsOwnCast) {
+  for (bool rowwise : {false, true}) {
+    torch::manual_seed(3);
+    const at::Tensor x0 = at::randn({3, 21, 64}), w0 = at::randn({32, 64}) * 0.1, b0 = at::randn({32});
+    const at::Tensor dy = at::randn({3, 21, 32}).to(at::kBFloat16);
+    auto run = [&](const at::Tensor& w_values, const Fp8Tensor* w8) {
+      const at::Tensor x = x0.clone().requires_grad_(true), w = w_values.clone().requires_grad_(true),
+                       b = b0.clone().requires_grad_(true);
+      const at::Tensor y = fp8_linear(x, w, b, rowwise, false, w8);
+      y.backward(dy);
+      return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+    };
+    const Fp8Tensor w8 = to_fp8(w0, at::kFloat8_e4m3fn, rowwise);
+    const std::vector<at::Tensor> own = run(w0, nullptr), given = run(at::full_like(w0, 7.0), &w8);
+    for (size_t i = 0; i < own.size(); ++i)
+      EXPECT_TRUE(at::equal(own[i], given[i])) << (rowwise ? "rowwise" : "tensorwise") << ", output " << i;
+  }
+}
+
+// train.fp8_fast_accum reaches _scaled_mm's use_fast_accum in the forward: the CPU kernel
+// accumulates the same way in both modes, so the product is unchanged here.
+TEST(Fp8, FastAccumulationRunsTheForward) {
+  torch::manual_seed(4);
+  const at::Tensor x = at::randn({16, 64}), w = at::randn({32, 64}) * 0.1;
+  const at::Tensor slow = fp8_linear(x, w, at::Tensor(), false, false), fast = fp8_linear(x, w, at::Tensor(), false, true);
+  EXPECT_LE(max_rel(fast, slow.to(at::kDouble)), 1e-2);
+}
+
+TEST(Fp8, ProjectionWeightsAreNamedByTheRule) {
+  EXPECT_TRUE(fp8_projection_weight("blocks.0.self_attn.q.weight"));
+  EXPECT_TRUE(fp8_projection_weight("blocks.12.cross_attn.o.weight"));
+  EXPECT_TRUE(fp8_projection_weight("blocks.3.ffn.0.weight"));
+  EXPECT_TRUE(fp8_projection_weight("blocks.3.ffn.2.weight"));
+  EXPECT_FALSE(fp8_projection_weight("blocks.3.ffn.2.bias"));
+  EXPECT_FALSE(fp8_projection_weight("blocks.0.self_attn.norm_q.weight"));
+  EXPECT_FALSE(fp8_projection_weight("blocks.0.modulation"));
+  EXPECT_FALSE(fp8_projection_weight("head.linear.weight"));
+  EXPECT_FALSE(fp8_projection_weight("patch_embed.weight"));
+}
+
 TEST(Fp8, NarrowProjectionsStayInHigherPrecision) {
   EXPECT_TRUE(fp8_eligible(64, 48));
   EXPECT_FALSE(fp8_eligible(64, 40));  // a tensor-parallel shard of 40 features

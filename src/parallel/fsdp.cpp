@@ -4,8 +4,12 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <unordered_map>
+
 #include "core/error.h"
 #include "core/trace.h"
+#include "model/fp8.h"
 
 namespace vidit {
 namespace {
@@ -42,9 +46,22 @@ int unit_index(const std::string& name) {
   return 1 + std::stoi(name.substr(7, name.find('.', 7) - 7));
 }
 
+int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
+
 }  // namespace
 
-FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg)
+GatherOptions gather_options(const Config& cfg) {
+  GatherOptions g;
+  g.dtype = cfg.parallel.gather_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
+  const Precision p = cfg.train.precision;
+  g.fp8 = (p == Precision::fp8 || p == Precision::fp8_rowwise) && cfg.parallel.fp8_all_gather;
+  g.rowwise = p == Precision::fp8_rowwise;
+  g.fast_accum = cfg.train.fp8_fast_accum;
+  return g;
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg,
+                                                   GatherOptions gather)
     : model_(&model),
       shard_(mesh.group("shard")),
       replicate_(mesh.group("replicate")),
@@ -52,7 +69,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
       S_(shard_->size()),
       rank_(shard_->rank()),
       reduce_bf16_(cfg.reduce_dtype == Precision::bf16),
-      prefetch_(cfg.prefetch) {
+      prefetch_(cfg.prefetch),
+      gather_(gather) {
   at::NoGradGuard no_grad;
   for (auto& item : model.named_parameters(true)) {
     VIDIT_CHECK(item.value().is_contiguous() && item.value().storage_offset() == 0 &&
@@ -67,18 +85,36 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
 
   units_.resize(1 + model.blocks->size());
   unit_of_.resize(params_.size());
+  fp8_of_.assign(params_.size(), -1);
   for (size_t i = 0; i < params_.size(); ++i) {
     const int k = unit_index(names_[i]);
     Unit& u = units_[k];
-    const int64_t n = params_[i].numel(), chunk = (n + S_ - 1) / S_;
+    const at::Tensor& p = params_[i];
+    const int64_t n = p.numel(), chunk = (n + S_ - 1) / S_;
+    const bool fp8 = gather_.fp8 && p.dim() == 2 && fp8_projection_weight(names_[i]) && fp8_eligible(p.size(1), p.size(0));
     u.params.push_back(int(i));
     u.offset.push_back(u.shard_numel);
     u.chunk.push_back(chunk);
     u.shard_numel += chunk;
+    u.wire_offset.push_back(u.wire_bytes);
+    u.wire_bytes += round_up4(chunk * (fp8 ? 1 : int64_t(c10::elementSize(gather_.dtype))));
     unit_of_[i] = k;
-    at::Tensor flat = at::constant_pad_nd(params_[i].detach().flatten(), {0, chunk * S_ - n});
+    at::Tensor flat = at::constant_pad_nd(p.detach().flatten(), {0, chunk * S_ - n});
     at::Tensor shard = flat.narrow(0, rank_ * chunk, chunk).to(at::kFloat).clone().requires_grad_(true);
     shard_map_[names_[i]] = shard;
+    if (fp8) {
+      Fp8Weight f;
+      f.param = int(i);
+      f.copy = at::empty(p.sizes(), p.options().dtype(at::kFloat8_e4m3fn));
+      free_storage(f.copy);
+      f.shard = at::zeros({chunk}, shard.options().dtype(at::kByte));
+      f.valid = std::clamp<int64_t>(n - rank_ * chunk, 0, chunk);
+      if (gather_.rowwise)
+        f.rows = at::arange(rank_ * chunk, rank_ * chunk + f.valid, shard.options().dtype(at::kLong))
+                     .div(p.size(1), "floor");
+      fp8_of_[i] = int(fp8_.size());
+      fp8_.push_back(std::move(f));
+    }
   }
   units_[0].keep = true;  // the root is used before and after the blocks
   for (size_t k = 1; k < units_.size(); ++k) units_[k].keep = !cfg.reshard_after_forward;
@@ -88,8 +124,30 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
     torch::autograd::impl::set_post_acc_grad_hooks(
         params_[i], std::make_unique<GradReadyHook>([this, i] { on_grad_ready(int(i)); }));
 
+  // The blocks' projections take the gathered e4m3 copy of an FP8 weight in place of the
+  // weight; every other call goes on to the function FSDP found.
+  if (!fp8_.empty()) {
+    std::unordered_map<const c10::TensorImpl*, int> by_weight;
+    for (size_t k = 0; k < fp8_.size(); ++k) by_weight[params_[fp8_[k].param].unsafeGetTensorImpl()] = int(k);
+    auto wrap = [this, by_weight](LinearFn& fn) {
+      inner_linear_fns_.push_back(fn);
+      fn = [this, by_weight, inner = fn](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+        const auto it = by_weight.find(w.unsafeGetTensorImpl());
+        if (it == by_weight.end()) return inner ? inner(x, w, b) : at::linear(x, w, b);
+        const Fp8Weight& f = fp8_[it->second];
+        const Fp8Tensor w8{f.copy, f.scale};
+        return fp8_linear(x, w, b, gather_.rowwise, gather_.fast_accum, &w8);
+      };
+    };
+    for (const auto& m : *model.blocks) {
+      auto& block = *m->as<DiTBlockImpl>();
+      wrap(block.self_attn->linear_fn), wrap(block.cross_attn->linear_fn), wrap(block.linear_fn);
+    }
+  }
+
   const int blocks = int(units_.size()) - 1;
   model.hooks.model_begin = [this, blocks] {
+    quantize_fp8_shards();
     ensure_gathered(0);
     if (blocks > 0) prefetch(1);
   };
@@ -137,32 +195,87 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   }
   for (auto& p : params_) torch::autograd::impl::post_acc_grad_hooks(p).reset();
   model_->hooks = ForwardHooks{};  // they point at this object
+  if (!inner_linear_fns_.empty()) {
+    size_t next = 0;
+    for (const auto& m : *model_->blocks) {
+      auto& block = *m->as<DiTBlockImpl>();
+      for (LinearFn* fn : {&block.self_attn->linear_fn, &block.cross_attn->linear_fn, &block.linear_fn})
+        *fn = inner_linear_fns_[next++];
+    }
+  }
+}
+
+const at::Tensor& FullyShardedDataParallel::gathered(int param) const {
+  return fp8_of_[param] >= 0 ? fp8_[fp8_of_[param]].copy : params_[param];
+}
+
+void FullyShardedDataParallel::quantize_fp8_shards() {
+  if (fp8_.empty()) return;
+  at::NoGradGuard no_grad;
+  // Each member's largest magnitudes (per weight, or per row), then the weights' own.
+  std::vector<at::Tensor> parts;
+  for (const Fp8Weight& f : fp8_) {
+    const at::Tensor mine = shard_map_[names_[f.param]].detach().narrow(0, 0, f.valid).abs();
+    if (gather_.rowwise)
+      parts.push_back(at::zeros({params_[f.param].size(0)}, mine.options()).scatter_reduce_(0, f.rows, mine, "amax"));
+    else
+      parts.push_back(f.valid > 0 ? mine.amax().reshape({1}) : at::zeros({1}, mine.options()));
+  }
+  at::Tensor amax = at::cat(parts);
+  shard_->all_reduce(amax, ReduceOp::Max)->wait();
+  int64_t pos = 0;
+  for (Fp8Weight& f : fp8_) {
+    const int64_t n = gather_.rowwise ? params_[f.param].size(0) : 1;
+    const at::Tensor scale = fp8_scale(amax.narrow(0, pos, n), at::kFloat8_e4m3fn);
+    pos += n;
+    // The shapes to_fp8 gives: [out, 1] per row, or one element.
+    f.scale = gather_.rowwise ? scale.view({n, 1}).contiguous() : scale.reshape({});
+    const at::Tensor mine = shard_map_[names_[f.param]].detach().narrow(0, 0, f.valid);
+    const at::Tensor per_value = gather_.rowwise ? scale.index_select(0, f.rows) : f.scale;
+    f.shard.narrow(0, 0, f.valid).copy_(fp8_cast(mine, per_value, at::kFloat8_e4m3fn).view(at::kByte));
+  }
 }
 
 void FullyShardedDataParallel::start_gather(Unit& u) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> mine;
-  for (int i : u.params) {
-    mine.push_back(shard_map_[names_[i]].detach());
-    alloc_storage(params_[i]);
-    gathered_bytes_ += params_[i].nbytes();
+  // This member's chunks as bytes, each at its wire offset: e4m3 or parallel.gather_dtype.
+  at::Tensor in = at::zeros({u.wire_bytes}, shard_map_[names_[u.params[0]]].options().dtype(at::kByte));
+  for (size_t j = 0; j < u.params.size(); ++j) {
+    const int i = u.params[j];
+    if (fp8_of_[i] >= 0) {
+      in.narrow(0, u.wire_offset[j], u.chunk[j]).copy_(fp8_[fp8_of_[i]].shard);
+    } else {
+      const int64_t bytes = u.chunk[j] * int64_t(c10::elementSize(gather_.dtype));
+      in.narrow(0, u.wire_offset[j], bytes).view(gather_.dtype).copy_(shard_map_[names_[i]].detach());
+    }
+    alloc_storage(gathered(i));
+    gathered_bytes_ += gathered(i).nbytes();
   }
   peak_gathered_ = std::max(peak_gathered_, gathered_bytes_);
-  at::Tensor in = at::cat(mine);
-  u.gather_buf = at::empty({S_ * u.shard_numel}, in.options());
-  u.gather_work = shard_->all_gather(in, u.gather_buf);
+  gather_sent_ += u.wire_bytes;
+  const at::Tensor words = in.view(at::kInt);  // 4-byte words: MPI counts stay small
+  u.gather_buf = at::empty({S_ * u.wire_bytes / 4}, words.options());
+  u.gather_work = shard_->all_gather(words, u.gather_buf);
 }
 
 void FullyShardedDataParallel::finish_gather(Unit& u) {
   u.gather_work->wait();
   u.gather_work = nullptr;
   at::NoGradGuard no_grad;
-  at::Tensor all = u.gather_buf.view({S_, u.shard_numel});
+  const at::Tensor all = u.gather_buf.view(at::kByte).view({S_, u.wire_bytes});
   for (size_t j = 0; j < u.params.size(); ++j) {
-    at::Tensor& p = params_[u.params[j]];
+    const int i = u.params[j];
+    const int64_t n = params_[i].numel();
     // variable_data(): the same memory under a fresh version counter, so refilling weights that
     // autograd saved in forward does not count as modifying them.
-    p.variable_data().view(-1).copy_(all.narrow(1, u.offset[j], u.chunk[j]).reshape(-1).narrow(0, 0, p.numel()));
+    if (fp8_of_[i] >= 0) {
+      const at::Tensor bytes = all.narrow(1, u.wire_offset[j], u.chunk[j]);
+      fp8_[fp8_of_[i]].copy.variable_data().view(at::kByte).view(-1).copy_(bytes.reshape(-1).narrow(0, 0, n));
+    } else {
+      const int64_t width = u.chunk[j] * int64_t(c10::elementSize(gather_.dtype));
+      const at::Tensor values = all.narrow(1, u.wire_offset[j], width).view(gather_.dtype);
+      params_[i].variable_data().view(-1).copy_(values.reshape(-1).narrow(0, 0, n));
+    }
   }
   u.gather_buf = at::Tensor();
   u.gathered = true;
@@ -179,8 +292,8 @@ void FullyShardedDataParallel::release(Unit& u) {
   if (u.gather_work) finish_gather(u);
   if (!u.gathered) return;
   for (int i : u.params) {
-    free_storage(params_[i]);
-    gathered_bytes_ -= params_[i].nbytes();
+    gathered_bytes_ -= gathered(i).nbytes();
+    free_storage(gathered(i));
   }
   u.gathered = false;
 }
@@ -250,10 +363,10 @@ int64_t FullyShardedDataParallel::shard_bytes() const {
 
 std::vector<Cut> fsdp_cuts(int S) { return {Cut{Cut::Kind::Flat, "shard", 0, S}}; }
 
-void apply_fsdp(ParallelModel& pm, const ParallelConfig& cfg) {
+void apply_fsdp(ParallelModel& pm, const Config& cfg) {
   const int S = pm.mesh().degree("shard");
-  if (S == 1 && !cfg.apply_all) return;
-  auto fsdp = std::make_unique<FullyShardedDataParallel>(*pm.model(), pm.mesh(), cfg);
+  if (S == 1 && !cfg.parallel.apply_all) return;
+  auto fsdp = std::make_unique<FullyShardedDataParallel>(*pm.model(), pm.mesh(), cfg.parallel, gather_options(cfg));
   pm.set_params(fsdp->shards());
   for (const auto& [name, shard] : fsdp->shards())
     for (const Cut& c : fsdp_cuts(S)) pm.add_cut(name, c);

@@ -20,6 +20,16 @@
 // Freed weights keep their tensors (autograd holds them) with their storage released; gathering
 // refills the same storage, so saved tensors see the data again.
 //
+// What travels in a gather: every weight in parallel.gather_dtype (fp32, or bf16: half the
+// bytes, and the values bf16 autocast multiplies by anyway), and with FP8 training
+// (parallel.fp8_all_gather) the blocks' FP8 projection weights in e4m3, 1 byte each. Their
+// owners quantise them: when a forward starts, each member finds the largest magnitude of its
+// part of each FP8 weight (per weight, or per row in the rowwise recipe), one all-reduce (max)
+// over "shard" agrees on them, and each member casts its shard with the scales to_fp8 would
+// give the whole weight. The gathered e4m3 copy is handed to fp8_linear in place of the weight
+// (model/fp8.h), whose own storage is then never filled: the result is bitwise that of gathering
+// fp32 and casting there, for a quarter of the bytes on the wire and in memory.
+//
 // The model knows nothing of this; its own parameters hold no memory between uses. The shards'
 // layout (a Flat cut, layout.h) is what checkpoints, the gradient norm and weight gathering read,
 // so a checkpoint loads at any mesh.
@@ -38,11 +48,20 @@
 
 namespace vidit {
 
+// What a gather sends (from parallel.gather_dtype, parallel.fp8_all_gather, train.precision and
+// train.fp8_fast_accum: gather_options()).
+struct GatherOptions {
+  at::ScalarType dtype = at::kFloat;        // every weight but those below
+  bool fp8 = false;                         // the blocks' FP8 projection weights in e4m3
+  bool rowwise = false, fast_accum = false;  // the FP8 recipe they are multiplied with
+};
+GatherOptions gather_options(const Config& cfg);
+
 class FullyShardedDataParallel : public GradientSync {
  public:
   // Collective over the mesh: broadcasts the weights from dp rank 0, keeps this member's shards
   // and frees the model's own parameter storage.
-  FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg);
+  FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg, GatherOptions gather = {});
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
@@ -63,16 +82,22 @@ class FullyShardedDataParallel : public GradientSync {
   // gathered at once during the last step (for the memory report).
   int64_t shard_bytes() const;
   int64_t peak_gathered_bytes() const { return peak_gathered_; }
+  // Bytes this member has put into all-gathers of weights so far (its shards as sent).
+  int64_t gather_sent_bytes() const { return gather_sent_; }
+  // How many weights are gathered in e4m3.
+  int64_t fp8_weights() const { return int64_t(fp8_.size()); }
 
  private:
   struct Unit {
     std::vector<int> params;             // indices into params_
     std::vector<int64_t> offset, chunk;  // per param: place and length in the unit's shard
     int64_t shard_numel = 0;
+    std::vector<int64_t> wire_offset;    // per param: byte offset of its chunk in what is sent
+    int64_t wire_bytes = 0;              // what one member sends (each chunk padded to 4 bytes)
     bool gathered = false, keep = false;  // keep: root, or reshard_after_forward = false
     int ready = 0;                       // gradients produced in this backward
     bool reducing = false;
-    at::Tensor gather_buf;               // [S * shard_numel] while a gather is in flight
+    at::Tensor gather_buf;               // [S * wire_bytes / 4] int32 while a gather is in flight
     WorkPtr gather_work;
     at::Tensor reduce_out;               // [shard_numel]
     WorkPtr reduce_work;
@@ -85,6 +110,18 @@ class FullyShardedDataParallel : public GradientSync {
   void release(Unit& u);
   void on_grad_ready(int param);
   void start_reduce(Unit& u);
+  void quantize_fp8_shards();  // when a forward starts: scales agreed, shards cast (above)
+  const at::Tensor& gathered(int param) const;  // where param's gathered values go
+
+  // A weight gathered in e4m3.
+  struct Fp8Weight {
+    int param = -1;
+    at::Tensor copy;   // [out, in] e4m3, filled and freed as the weight itself would be
+    at::Tensor scale;  // [] or [out, 1] (rowwise), fp32, set by quantize_fp8_shards()
+    at::Tensor shard;  // this member's chunk in e4m3, as bytes [chunk]
+    at::Tensor rows;   // rowwise: the row of each element of this member's chunk
+    int64_t valid = 0; // elements of the chunk inside the weight (the rest is padding)
+  };
 
   DiTImpl* model_;  // whose forward hooks drive the gathers (reset on destruction)
   std::shared_ptr<Comm> shard_, replicate_, sp_;
@@ -98,7 +135,12 @@ class FullyShardedDataParallel : public GradientSync {
   std::vector<int> unit_of_;
   std::vector<Unit> units_;         // units_[0] is the root; units_[1 + i] is block i
   TensorMap shard_map_;
-  int64_t gathered_bytes_ = 0, peak_gathered_ = 0;
+  int64_t gathered_bytes_ = 0, peak_gathered_ = 0, gather_sent_ = 0;
+  GatherOptions gather_;
+  std::vector<int> fp8_of_;  // per param: index into fp8_, or -1
+  std::vector<Fp8Weight> fp8_;
+  // The blocks' projection functions before FSDP wrapped them (restored on destruction).
+  std::vector<LinearFn> inner_linear_fns_;
 };
 
 // The cut FSDP over S shards gives every parameter: Flat over "shard".
@@ -107,6 +149,6 @@ std::vector<Cut> fsdp_cuts(int S);
 // FSDP over the mesh's "shard" group: pm.params() become the shards, and every layout gets the
 // Flat cut. With tensor parallel, apply it first: FSDP then shards each member's parts.
 // Collective over the mesh; nothing when the degree is 1, unless cfg.apply_all.
-void apply_fsdp(ParallelModel& pm, const ParallelConfig& cfg);
+void apply_fsdp(ParallelModel& pm, const Config& cfg);
 
 }  // namespace vidit

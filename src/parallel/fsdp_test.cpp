@@ -1,7 +1,9 @@
 // FSDP / HSDP in real processes under mpirun: training with sharded parameters, gradients and
 // optimizer state gives the single-process losses and parameters (fp32); each member keeps 1/S
 // of the state and none of the model's own weights between steps; a checkpoint written at one
-// mesh resumes at another and continues as the uninterrupted run.
+// mesh resumes at another and continues as the uninterrupted run. What a gather sends: FP8
+// projection weights in e4m3 give bitwise the run that gathers them in fp32 for the bytes
+// `vidit plan` predicts; weights in bf16 halve the bytes.
 #include "parallel/fsdp.h"
 
 #include <gtest/gtest.h>
@@ -153,6 +155,79 @@ TEST(MpiWorker, FsdpCheckpointResumesAtAnotherMesh) {
   if (HasFailure()) abort_world(1);
 }
 
+// One run of the tiny model under FSDP: its losses, shards and what it sent in gathers.
+struct GatherRun {
+  std::vector<double> losses;
+  TensorMap shards;
+  int64_t sent = 0, fp8_weights = 0;
+  double planned = 0;  // vidit plan's all-gather bytes for the weights
+};
+
+GatherRun run_gathering(const Config& cfg, std::shared_ptr<Comm> world) {
+  auto data = std::make_shared<SyntheticDataset>(cfg, 32, 11);
+  Trainer t(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), at::kCPU, std::make_shared<Mesh>(cfg, world));
+  GatherRun r;
+  r.losses = t.fit(-1, false);
+  const auto& fsdp = *t.parallel_model().find<FullyShardedDataParallel>();
+  for (const auto& [name, s] : fsdp.shards()) r.shards[name] = s.detach().clone();
+  r.sent = fsdp.gather_sent_bytes();
+  r.fp8_weights = fsdp.fp8_weights();
+  r.planned = plan_step(cfg).by_purpose.at("FSDP weights");
+  return r;
+}
+
+// VIDIT_GATHER_SETS (a mesh and an FP8 recipe) with the FP8 weights gathered in fp32 and in
+// e4m3: the same losses and weights bit for bit, a quarter of those weights' bytes.
+TEST(MpiWorker, FsdpFp8GatherEqualsGatheringFp32) {
+  VIDIT_MPI_WORKER_ONLY();
+  auto world = make_world_comm(detect_launch_env());
+  const std::string dir = std::getenv("VIDIT_TEST_DIR");
+  const std::vector<std::string> base = sets_from_env(
+      "VIDIT_GATHER_SETS", {"train.steps=4", "train.batch_size=4", "train.warmup_steps=1", "train.out_dir=" + dir + "/g"});
+  Config fp32 = tiny_config(base), fp8 = fp32;
+  fp32.parallel.fp8_all_gather = false;
+  const GatherRun a = run_gathering(fp32, world);
+  world->barrier();
+  fp8.train.out_dir = dir + "/g8";
+  const GatherRun b = run_gathering(fp8, world);
+  EXPECT_EQ(a.fp8_weights, 0);
+  EXPECT_EQ(b.fp8_weights, 10 * fp8.model.layers);  // every projection of every block
+  EXPECT_EQ(b.losses, a.losses);
+  for (const auto& [name, s] : a.shards) EXPECT_TRUE(at::equal(b.shards.at(name), s)) << name;
+  // What was sent, against the plan (which leaves out the padding of each chunk to 4 bytes).
+  EXPECT_LT(double(b.sent), 0.6 * double(a.sent));
+  EXPECT_NEAR(double(b.sent) / double(a.sent), b.planned / a.planned, 0.02);
+  if (world->rank() == 0)
+    std::printf("fsdp gather (%s): fp32 %lld B sent, e4m3 for %lld weights %lld B (%.3f; plan %.3f), losses equal\n",
+                std::getenv("VIDIT_GATHER_SETS"), (long long)a.sent, (long long)b.fp8_weights, (long long)b.sent,
+                double(b.sent) / double(a.sent), b.planned / a.planned);
+  world->barrier();
+  if (HasFailure()) abort_world(1);
+}
+
+// Weights gathered in bf16 under bf16 autocast: half the bytes, and the run stays with the one
+// that gathers fp32 (autocast rounds the matmuls' weights to bf16 either way; the norms' and
+// modulation's weights are rounded too).
+TEST(MpiWorker, FsdpBf16GatherHalvesTheBytes) {
+  VIDIT_MPI_WORKER_ONLY();
+  auto world = make_world_comm(detect_launch_env());
+  const std::string dir = std::getenv("VIDIT_TEST_DIR");
+  Config fp32 = tiny_config({"train.steps=6", "train.batch_size=4", "train.warmup_steps=1", "train.precision=\"bf16\"",
+                             "parallel.shard=" + std::to_string(world->size()), "train.out_dir=" + dir + "/g"});
+  Config bf16 = fp32;
+  bf16.parallel.gather_dtype = Precision::bf16;
+  bf16.train.out_dir = dir + "/g16";
+  const GatherRun a = run_gathering(fp32, world);
+  world->barrier();
+  const GatherRun b = run_gathering(bf16, world);
+  EXPECT_NEAR(double(b.sent) / double(a.sent), 0.5, 0.01);
+  EXPECT_NEAR(b.planned / a.planned, 0.5, 1e-9);
+  EXPECT_NE(b.losses, a.losses) << "the bf16 gather rounded nothing";
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(b.losses[i], a.losses[i], 0.01 * a.losses[i]) << "step " << i + 1;
+  world->barrier();
+  if (HasFailure()) abort_world(1);
+}
+
 void run_worker(int np, const std::string& test, const std::string& env) {
   ScratchDir dir("fsdp");
   test::expect_workers_passed(test::mpirun_worker(np, test, "VIDIT_TEST_DIR=" + dir.path() + " " + env), np);
@@ -180,6 +255,30 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Shard2RecomputingSelectively", 2,
                                        "parallel.shard=2 train.recompute_blocks=-1 train.recompute_policy=selective"}),
     test::mesh_test_name);
+
+class FsdpFp8Gather : public ::testing::TestWithParam<test::WorkerMesh> {};
+
+TEST_P(FsdpFp8Gather, EqualsGatheringFp32) {
+  VIDIT_REQUIRE_MPI();
+  ScratchDir dir("fsdp");
+  test::run_mesh_worker(GetParam(), "MpiWorker.FsdpFp8GatherEqualsGatheringFp32", "VIDIT_GATHER_SETS",
+                        "VIDIT_TEST_DIR=" + dir.path());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mpi, FsdpFp8Gather,
+    ::testing::Values(test::WorkerMesh{"Shard2Tensorwise", 2, "parallel.shard=2 train.precision=\"fp8\""},
+                      test::WorkerMesh{"Shard2RowwiseAccumulatingRecomputing", 2,
+                                       "parallel.shard=2 train.precision=\"fp8_rowwise\" train.grad_accum=2 "
+                                       "train.recompute_blocks=1 parallel.reshard_after_forward=false"},
+                      test::WorkerMesh{"Shard2xTensor2Rowwise", 4,
+                                       "parallel.shard=2 parallel.tensor=2 train.precision=\"fp8_rowwise\""}),
+    test::mesh_test_name);
+
+TEST(Mpi, FsdpGathersBf16WeightsForHalfTheBytes) {
+  VIDIT_REQUIRE_MPI();
+  run_worker(2, "MpiWorker.FsdpBf16GatherHalvesTheBytes", "");
+}
 
 TEST(Mpi, FsdpKeepsOneShardOfTheStateOn4Ranks) {
   VIDIT_REQUIRE_MPI();

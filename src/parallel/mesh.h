@@ -50,6 +50,7 @@ class Mesh {
   int instance(const std::string& group) const;
   // Time blocked in collectives on this member, over every group, since construction.
   CommTimes comm_times() const { return timed_->times(); }
+  double take_gpu_stall_s() const { return timed_->take_gpu_stall_s(); }  // TimedComm::take_gpu_stall_s
   // Collectives entered by this member so far (any thread may ask).
   int64_t collectives_issued() const { return timed_->issued(); }
   // How long the collective this member waits in now has lasted (0: none).

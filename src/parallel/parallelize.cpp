@@ -16,7 +16,7 @@ std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh
   pm->model()->recompute_blocks = rc.whole;
   pm->model()->selective_blocks = rc.selective;
   if (cfg.parallel.shard > 1 || cfg.parallel.apply_all)
-    apply_fsdp(*pm, cfg.parallel);
+    apply_fsdp(*pm, cfg);
   else
     apply_data_parallel(*pm, cfg.parallel);
   return pm;

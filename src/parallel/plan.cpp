@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "parallel/mesh.h"
+#include "model/fp8.h"
 #include "model/model_info.h"
+#include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
 
 namespace vidit {
@@ -55,6 +57,9 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
   for (const auto& [name, shape] : parameter_shapes(m))
     whole[name] = at::empty(shape, at::TensorOptions().device(at::kMeta));
   double P = 0, kept = 0, root = 0, block = 0;
+  double block_fp8 = 0;  // of block: weights FSDP gathers in e4m3 (parallel.fp8_all_gather)
+  double block_scales = 0;  // their scales, agreed over "shard" each forward
+  const GatherOptions gather = gather_options(cfg);
   // The gradient norm (layout.h global_norms_by_part) all-reduces one double per (part of the
   // model, set of groups cut over) over each group in the set: counted per group.
   std::set<std::pair<std::string, std::set<std::string>>> norm_keys;
@@ -69,10 +74,15 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
       for (int64_t x : shape) n *= double(x);
       return n;
     };
-    const double part = numel(l.shape_after(unflattened));
+    const std::vector<int64_t> shape = l.shape_after(unflattened);
+    const double part = numel(shape);
     P += part;
     kept += numel(l.local_shape());
-    if (name.rfind("blocks.0.", 0) == 0) block += part;
+    if (name.rfind("blocks.0.", 0) == 0) {
+      block += part;
+      if (gather.fp8 && shape.size() == 2 && fp8_projection_weight(name) && fp8_eligible(shape[1], shape[0]))
+        block_fp8 += part, block_scales += gather.rowwise ? double(shape[0]) : 1;
+    }
     else if (name.rfind("blocks.", 0) != 0) root += part;
   }
   const double A = double(cfg.train.grad_accum), b = std::ceil(double(cfg.train.batch_size) / dp);
@@ -98,7 +108,9 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
   plan.grads = 4 * kept;
   plan.optimizer = 8 * kept;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;
-  plan.gathered = p.shard > 1 ? 4 * (root + std::min<double>(2, m.layers) * block) : 0;
+  // Gathered weights fill the model's fp32 parameters, or e4m3 copies of the FP8 ones.
+  const double block_held = 4 * (block - block_fp8) + block_fp8;
+  plan.gathered = p.shard > 1 ? 4 * root + std::min<double>(2, m.layers) * block_held : 0;
   // Blocks recomputed whole keep their input only, those recomputed selectively also the
   // self-attention's q, k, v and output (5 [b, L, d] values, q, k, v and the output in bf16 when
   // autocast is on); one of them at a time holds its full activations again during its backward.
@@ -112,8 +124,10 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
   // Gradients.
   if (p.shard > 1) {
     const double gathers = 1 + (p.reshard_after_forward ? 2 : 1) * double(m.layers);
-    add("all_gather", "FSDP weights", A * spread(S, 4 * root) +
-                                          A * (gathers - 1) * spread(S, 4 * block));
+    const double g = double(c10::elementSize(gather.dtype));  // bytes a weight in parallel.gather_dtype
+    add("all_gather", "FSDP weights", A * spread(S, g * root) +
+                                          A * (gathers - 1) * spread(S, g * (block - block_fp8) + block_fp8));
+    if (gather.fp8) add("all_reduce", "FSDP FP8 scales", A * all_reduce(S, 4 * block_scales * double(m.layers)));
     add("reduce_scatter", "FSDP gradients", A * spread(S, (p.reduce_dtype == Precision::bf16 ? 2 : 4) * P));
     add("all_reduce", "FSDP gradients over sp", A * all_reduce(sp, 4 * P / S));
     add("all_reduce", "HSDP gradients over replicate", A * all_reduce(R, 4 * P / S));

@@ -140,6 +140,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(test::WorkerMesh{"DataParallel4", 4, "parallel.replicate=4 train.grad_accum=2"},
                       test::WorkerMesh{"Fsdp4", 4, "parallel.shard=4 train.grad_accum=2"},
                       test::WorkerMesh{"Hsdp2x2Bf16Reduce", 4, "parallel.replicate=2 parallel.shard=2 parallel.reduce_dtype=bf16"},
+                      // Weights gathered in bf16, the FP8 ones in e4m3 with their row scales agreed.
+                      test::WorkerMesh{"Fsdp4Fp8RowwiseGathers", 4,
+                                       "parallel.shard=4 train.grad_accum=2 train.precision=\"fp8_rowwise\" "
+                                       "parallel.gather_dtype=\"bf16\""},
                       test::WorkerMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
                       test::WorkerMesh{"Fsdp2xUlysses2", 4, "parallel.shard=2 parallel.ulysses=2 parallel.reshard_after_forward=false"},
                       test::WorkerMesh{"Ring4", 4, "parallel.ring=4"},

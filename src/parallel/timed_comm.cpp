@@ -30,9 +30,9 @@ class Blocked {
 class TimedWork : public Work {
  public:
   TimedWork(WorkPtr inner, const char* op, double bytes, int ranks, double issued_us,
-            std::shared_ptr<TimedComm::Shared> shared, std::string group)
+            std::shared_ptr<TimedComm::Shared> shared, std::string group, int gpu)
       : inner_(std::move(inner)), op_(op), bytes_(bytes), ranks_(ranks), issued_us_(issued_us),
-        shared_(std::move(shared)), group_(std::move(group)) {}
+        shared_(std::move(shared)), group_(std::move(group)), gpu_(gpu) {}
   ~TimedWork() override {
     try {
       wait();
@@ -44,11 +44,16 @@ class TimedWork : public Work {
     const double t0 = trace::now_us();
     shared_->issued.fetch_add(1, std::memory_order_relaxed);
     const Blocked blocked(shared_->waiting_since_us, t0);
+    // On a GPU the wait orders the current stream after the collective: events before and after
+    // it tell how long the stream stood there.
+    GpuEventPtr before = record_gpu_event(gpu_);
     inner_->wait();
+    GpuEventPtr after = record_gpu_event(gpu_);
     const double t1 = trace::now_us();
     done_ = true;
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
+      if (before) shared_->gpu_waits.emplace_back(std::move(before), std::move(after));
       CommTimes::Entry& e = shared_->times.by_op[op_];
       e.calls += 1;
       e.wait_s += (t1 - t0) * 1e-6;
@@ -78,10 +83,24 @@ class TimedWork : public Work {
   double issued_us_;
   std::shared_ptr<TimedComm::Shared> shared_;
   std::string group_;  // the communicator's mesh group
+  int gpu_;            // CUDA device of the tensors, or -1
   bool done_ = false;
 };
 
+int gpu_of(const at::Tensor& t) { return t.is_cuda() ? int(t.get_device()) : -1; }
+
 }  // namespace
+
+double TimedComm::take_gpu_stall_s() {
+  std::vector<std::pair<GpuEventPtr, GpuEventPtr>> waits;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    waits.swap(shared_->gpu_waits);
+  }
+  double s = 0;
+  for (const auto& [before, after] : waits) s += gpu_seconds_between(before, after);
+  return s;
+}
 
 double TimedComm::blocked_s() const {
   const double since = shared_->waiting_since_us.load();
@@ -109,44 +128,44 @@ void TimedComm::reset() {
   shared_->times = CommTimes{};
 }
 
-WorkPtr TimedComm::timed(const char* op, double bytes, WorkPtr work, double issued_us) {
-  return std::make_shared<TimedWork>(std::move(work), op, bytes, size(), issued_us, shared_, group_);
+WorkPtr TimedComm::timed(const char* op, double bytes, WorkPtr work, double issued_us, int gpu) {
+  return std::make_shared<TimedWork>(std::move(work), op, bytes, size(), issued_us, shared_, group_, gpu);
 }
 
 WorkPtr TimedComm::all_reduce(at::Tensor& t, ReduceOp op) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("all_reduce", double(t.nbytes()), inner_->all_reduce(t, op), t0);
+  return timed("all_reduce", double(t.nbytes()), inner_->all_reduce(t, op), t0, gpu_of(t));
 }
 WorkPtr TimedComm::all_gather(const at::Tensor& in, at::Tensor& out) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("all_gather", double(out.nbytes()), inner_->all_gather(in, out), t0);
+  return timed("all_gather", double(out.nbytes()), inner_->all_gather(in, out), t0, gpu_of(in));
 }
 WorkPtr TimedComm::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("reduce_scatter", double(in.nbytes()), inner_->reduce_scatter(in, out, op), t0);
+  return timed("reduce_scatter", double(in.nbytes()), inner_->reduce_scatter(in, out, op), t0, gpu_of(in));
 }
 WorkPtr TimedComm::all_to_all(const at::Tensor& in, at::Tensor& out) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("all_to_all", double(in.nbytes()), inner_->all_to_all(in, out), t0);
+  return timed("all_to_all", double(in.nbytes()), inner_->all_to_all(in, out), t0, gpu_of(in));
 }
 WorkPtr TimedComm::broadcast(at::Tensor& t, int root) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("broadcast", double(t.nbytes()), inner_->broadcast(t, root), t0);
+  return timed("broadcast", double(t.nbytes()), inner_->broadcast(t, root), t0, gpu_of(t));
 }
 WorkPtr TimedComm::send(const at::Tensor& t, int dst, int tag) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("send", double(t.nbytes()), inner_->send(t, dst, tag), t0);
+  return timed("send", double(t.nbytes()), inner_->send(t, dst, tag), t0, gpu_of(t));
 }
 WorkPtr TimedComm::recv(at::Tensor& t, int src, int tag) {
   const double t0 = trace::now_us();
   shared_->issued.fetch_add(1, std::memory_order_relaxed);
-  return timed("recv", double(t.nbytes()), inner_->recv(t, src, tag), t0);
+  return timed("recv", double(t.nbytes()), inner_->recv(t, src, tag), t0, gpu_of(t));
 }
 void TimedComm::barrier() {
   const double t0 = trace::now_us();

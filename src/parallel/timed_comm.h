@@ -14,14 +14,20 @@
 // group that is slower than the others of its kind (a slow link).
 //
 // On CPU engines wait() blocks the thread until the data has arrived. On NCCL it only orders the
-// current CUDA stream after the collective, so the figure there is host-side time, not GPU time.
+// current CUDA stream after the collective, so the figure there is host-side time, not GPU time;
+// for CUDA tensors each wait() therefore also records a CUDA event on the current stream before
+// and after it, and take_gpu_stall_s() reads how long the stream stood at those waits (what the
+// trainer subtracts from the step's span on the device to get its busy time).
 #pragma once
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/gpu_events.h"
 #include "parallel/comm.h"
 
 namespace vidit {
@@ -76,17 +82,22 @@ class TimedComm : public ForwardingComm {
   // it is not in one. Safe from any thread: the watchdog writes a heartbeat when a wait grows
   // long, so a restart can tell the rank that never arrived from those that waited for it.
   double blocked_s() const;
+  // GPU time the current streams stood at wait()s of collectives on CUDA tensors since the last
+  // call, over every group: blocks until those events have happened. 0 without CUDA.
+  double take_gpu_stall_s();
 
   struct Shared {
     std::mutex mu;
     CommTimes times;
     std::atomic<int64_t> issued{0};
     std::atomic<double> waiting_since_us{0};  // 0: not in a wait
+    std::vector<std::pair<GpuEventPtr, GpuEventPtr>> gpu_waits;  // (before, after) each wait, under mu
   };
 
  private:
   TimedComm(std::shared_ptr<Comm> inner, std::shared_ptr<Shared> shared);
-  WorkPtr timed(const char* op, double bytes, WorkPtr work, double issued_us);
+  // gpu: the CUDA device of the collective's tensors, or -1.
+  WorkPtr timed(const char* op, double bytes, WorkPtr work, double issued_us, int gpu);
   std::shared_ptr<Shared> shared_;
   std::string group_ = "world";
 };

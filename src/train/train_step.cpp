@@ -4,10 +4,12 @@
 // reductions around it) -> global totals -> clip (global norm from the layouts) -> AdamW ->
 // EMA, or no update when the gradient norm is not finite (or the step spiked, if so configured:
 // spike_response.cpp). The phases are slices of the trace (core/trace.h) when one is recorded.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 
+#include "core/gpu_events.h"
 #include "core/trace.h"
 #include "diffusion/flow_matching.h"
 #include "core/precision.h"
@@ -20,6 +22,12 @@ StepResult Trainer::step() {
   trace::Span step_span("step " + std::to_string(step_ + 1), "step");
   const auto t0 = std::chrono::steady_clock::now();
   const double wait0 = mesh_->comm_times().wait_s();
+  // On a GPU the step's busy time is measured on the device (core/gpu_events.h): its span on
+  // the stream, less the time the stream stood at collectives (waits before this step's are
+  // not its own).
+  const int gpu = device_.is_cuda() ? std::max<int>(0, device_.index()) : -1;
+  if (gpu >= 0) mesh_->take_gpu_stall_s();
+  const GpuEventPtr gpu_start = record_gpu_event(gpu);
   const auto& tc = cfg_.train;
   watchdog_->beat("training", step_);
   // (lr_scale_: the back-off after rollbacks, train.rollback_lr_scale.)
@@ -152,8 +160,11 @@ StepResult Trainer::step() {
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double wait = mesh_->comm_times().wait_s() - wait0;
+  double device_busy = -1;
+  if (gpu_start)
+    device_busy = std::max(0.0, gpu_seconds_between(gpu_start, record_gpu_event(gpu)) - mesh_->take_gpu_stall_s());
   return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped, spike.spike,
-          spike.loss_z, response.rollback};
+          spike.loss_z, response.rollback, device_busy};
 }
 
 }  // namespace vidit

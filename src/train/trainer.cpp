@@ -76,7 +76,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     load_state_dict(*model, read_weights(cfg.train.init_from), cfg.train.init_from);
   model->to(device_);
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
-  const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision);
+  const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum);
   select_attention_backend(cfg.train.attention_backend, device_);
   {
     const ParallelConfig& p = cfg.parallel;
@@ -338,7 +338,9 @@ double Trainer::sample_flops(const at::Tensor& x) {
 }
 
 void Trainer::find_slowest(const StepResult& r, StepMetrics& m) {
-  at::Tensor mine = at::tensor({r.seconds - std::max(0.0, r.comm_wait_s)}, at::kDouble);
+  // Busy: on a GPU as its stream measured it, on the CPU the step less the time blocked.
+  at::Tensor mine =
+      at::tensor({r.device_busy_s >= 0 ? r.device_busy_s : r.seconds - std::max(0.0, r.comm_wait_s)}, at::kDouble);
   at::Tensor all = at::empty({mesh_->size()}, at::kDouble);
   mesh_->world()->all_gather(mine, all)->wait();
   const std::vector<double> busy(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());

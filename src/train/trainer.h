@@ -57,6 +57,10 @@ struct StepResult {
   bool spike = false;       // the loss or gradient norm spiked (diagnose/spike_detector.h)
   double loss_z = 0;        // the step's loss against its per-sigma baseline, in spreads
   bool rollback = false;    // the spike asks for a rollback (train.spike_action = "rollback"); fit() does it
+  // On a GPU: the step's span on the device's stream less the time that stream stood waiting
+  // for collectives, from CUDA events (core/gpu_events.h): the busy time stragglers are scored
+  // by. -1 on the CPU, where the host's step time less its blocked time is that figure.
+  double device_busy_s = -1;
 };
 
 class Trainer {

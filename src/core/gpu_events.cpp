@@ -1,0 +1,10 @@
+#include "core/gpu_events.h"
+
+namespace vidit {
+
+#ifndef VIDIT_HAVE_CUDA
+GpuEventPtr record_gpu_event(int) { return nullptr; }
+double gpu_seconds_between(const GpuEventPtr&, const GpuEventPtr&) { return 0; }
+#endif
+
+}  // namespace vidit

@@ -1,0 +1,23 @@
+// Time as the GPU sees it. The host returns from a kernel launch, or from a NCCL wait that only
+// orders the stream after the collective, long before the device has done the work, so host
+// clocks make every GPU rank of a job look equally busy. A CUDA event recorded on the current
+// stream marks a point in the stream's work; the time between two is what the device spent
+// between them, readable once the second has happened. Without CUDA (a CPU build, a CPU run)
+// record_gpu_event gives null and the time between is 0. The CUDA side is
+// kernels/gpu_events_cuda.cpp.
+#pragma once
+#include <memory>
+
+namespace vidit {
+
+class GpuEvent;  // a timing CUDA event
+using GpuEventPtr = std::shared_ptr<GpuEvent>;
+
+// An event recorded on CUDA device `device`'s current stream; null when device < 0 or there is
+// no CUDA in this build.
+GpuEventPtr record_gpu_event(int device);
+// Seconds of device time from `from` to `to` (both recorded on one stream); waits for `to`.
+// 0 when either is null.
+double gpu_seconds_between(const GpuEventPtr& from, const GpuEventPtr& to);
+
+}  // namespace vidit

@@ -230,6 +230,11 @@ using NumList = std::vector<double>;
       "are recomputed selectively, then whole, as few as fit; 0 = train.recompute_blocks / _policy by hand") \
   KEY(int64_t, trace_steps, 0, non_negative,                                                           \
       "write a Chrome trace of this many steps (after the first) to <out_dir>/trace/rank<R>.json")     \
+  KEY(int64_t, profile_steps, 0, non_negative,                                                         \
+      "profile this many steps (after the first) with LibTorch's Kineto profiler: <out_dir>/profile/rank<R>.json " \
+      "(ATen ops; CUDA kernels, NCCL and memory on a GPU; our steps, phases, blocks and collective waits as " \
+      "annotations; ui.perfetto.dev), and the time by category (matmul, attention, elementwise, "       \
+      "communication, idle) in the log and profile/summary_rank<R>.json (diagnose/profile.h)")         \
   KEY(std::string, init_from, "", any,                                                                 \
       "weights to start from: a .safetensors file or a folder of shards (e.g. Wan 2.1); \"\" = random init")
 

@@ -4,6 +4,7 @@ namespace vidit {
 
 #ifndef VIDIT_HAVE_CUDA
 GpuEventPtr record_gpu_event(int) { return nullptr; }
+int current_gpu() { return -1; }
 double gpu_seconds_between(const GpuEventPtr&, const GpuEventPtr&) { return 0; }
 #endif
 

@@ -16,6 +16,8 @@ using GpuEventPtr = std::shared_ptr<GpuEvent>;
 // An event recorded on CUDA device `device`'s current stream; null when device < 0 or there is
 // no CUDA in this build.
 GpuEventPtr record_gpu_event(int device);
+// The current CUDA device, or -1 (no CUDA in this build, or no GPU).
+int current_gpu();
 // Seconds of device time from `from` to `to` (both recorded on one stream); waits for `to`.
 // 0 when either is null.
 double gpu_seconds_between(const GpuEventPtr& from, const GpuEventPtr& to);

@@ -1,5 +1,7 @@
 #include "core/trace.h"
 
+#include <ATen/record_function.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +14,18 @@
 namespace vidit::trace {
 namespace detail {
 std::atomic<bool> recording{false};
+std::atomic<bool> annotating{false};
+
+void* begin_annotation(const char* name, int64_t index) {
+  auto* rf = new at::RecordFunction(at::RecordScope::USER_SCOPE);
+  if (rf->isActive()) rf->before(index >= 0 ? std::string(name) + " " + std::to_string(index) : std::string(name));
+  return rf;
 }
+
+void end_annotation(void* a) { delete static_cast<at::RecordFunction*>(a); }  // ends the scope
+}  // namespace detail
+
+void set_annotating(bool on) { detail::annotating.store(on); }
 namespace {
 
 struct Event {

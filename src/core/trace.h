@@ -10,6 +10,7 @@
 // that recorded them, asynchronous ones (a collective in flight) on a track of their own.
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -38,11 +39,39 @@ void async_slice(const std::string& name, const char* category, double ts_us, do
 // Returns the number of events written.
 size_t write(const std::string& path);
 
-// A slice from construction to destruction (recorded only if the recorder was on at construction).
+// Annotations for LibTorch's profiler (diagnose/profile.h): while it profiles, a scope shows in
+// its trace as a user annotation around the ATen ops and CUDA kernels inside it. Off otherwise
+// (one atomic load).
+namespace detail {
+extern std::atomic<bool> annotating;
+void* begin_annotation(const char* name, int64_t index);
+void end_annotation(void* a);
+}  // namespace detail
+inline bool annotating() { return detail::annotating.load(std::memory_order_relaxed); }
+void set_annotating(bool on);
+
+// A user annotation named `name` (or "name index" with an index >= 0) from construction to
+// destruction, on the constructing thread.
+class Annotation {
+ public:
+  explicit Annotation(const char* name, int64_t index = -1)
+      : a_(annotating() ? detail::begin_annotation(name, index) : nullptr) {}
+  ~Annotation() {
+    if (a_) detail::end_annotation(a_);
+  }
+  Annotation(const Annotation&) = delete;
+  Annotation& operator=(const Annotation&) = delete;
+
+ private:
+  void* a_;
+};
+
+// A slice from construction to destruction (recorded only if the recorder was on at construction),
+// and an annotation while the profiler runs.
 class Span {
  public:
   Span(std::string name, const char* category) : name_(std::move(name)), category_(category),
-                                                 start_(on() ? now_us() : -1) {}
+                                                 start_(on() ? now_us() : -1), annotation_(name_.c_str()) {}
   ~Span() {
     if (start_ >= 0) slice(name_, category_, start_, now_us() - start_);
   }
@@ -53,6 +82,7 @@ class Span {
   std::string name_;
   const char* category_;
   double start_;
+  Annotation annotation_;
 };
 
 }  // namespace vidit::trace

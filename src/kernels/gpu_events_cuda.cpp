@@ -18,6 +18,8 @@ GpuEventPtr record_gpu_event(int device) {
   return e;
 }
 
+int current_gpu() { return at::cuda::device_count() > 0 ? int(at::cuda::current_device()) : -1; }
+
 double gpu_seconds_between(const GpuEventPtr& from, const GpuEventPtr& to) {
   if (!from || !to) return 0;
   to->event.synchronize();

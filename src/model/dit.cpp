@@ -4,6 +4,7 @@
 #include <torch/nn/modules/activation.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "kernels/residual_layernorm.h"
 #include "model/recompute.h"
 #include "model/rope.h"
@@ -166,6 +167,7 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   const int64_t selective = selective_blocks < 0 ? n - whole : std::min(selective_blocks, n - whole);
   const bool grad = at::GradMode::is_enabled();
   for (int64_t i = 0; i < n; ++i) {
+    const trace::Annotation annotation("block", i);  // in a profile of the run (diagnose/profile.h)
     if (hooks.block_begin) hooks.block_begin(i);
     DiTBlockImpl& block = *blocks[i]->as<DiTBlockImpl>();
     tokens = grad && i < whole               ? recomputed_block(block, tokens, e0, context, cos, sin)

@@ -23,10 +23,11 @@ at::Tensor scaled_mm_nt(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accum 
 
 // dx = dy W for W in e4m3 (w8) and dy [rows, out]: tensorwise, dy in e5m2 times W8 with W's
 // scale; rowwise, W's row scales moved onto dy's columns first (fp8.h).
-at::Tensor input_grad(const at::Tensor& dy, const Fp8Tensor& w8, bool rowwise) {
+// dy8: dy in e5m2 already (the tensorwise operand).
+at::Tensor input_grad(const at::Tensor& dy, const Fp8Tensor& dy8, const Fp8Tensor& w8, bool rowwise) {
   const Fp8Tensor wt8{w8.data.t(), rowwise ? at::ones({}, w8.scale.options()) : w8.scale};
-  const at::Tensor g = rowwise ? dy.to(at::kFloat) * w8.scale.view({1, -1}) : dy;
-  return scaled_mm_nt(to_fp8(g, at::kFloat8_e5m2, false), wt8);
+  if (!rowwise) return scaled_mm_nt(dy8, wt8);
+  return scaled_mm_nt(to_fp8(dy.to(at::kFloat) * w8.scale.view({1, -1}), at::kFloat8_e5m2, false), wt8);
 }
 
 // FP8 data [rows, cols] transposed into a contiguous [cols, rows'], with zero rows appended up
@@ -74,7 +75,7 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     std::vector<int64_t> shape = grad[0].sizes().vec();
     shape.back() = w.size(1);
     const at::Tensor dx =
-        input_grad(dy, w8, rowwise).to(at::ScalarType(ctx->saved_data["x_dtype"].toInt())).view(shape);
+        input_grad(dy, dy8, w8, rowwise).to(at::ScalarType(ctx->saved_data["x_dtype"].toInt())).view(shape);
     // dW = dy^T x, summed over the tokens.
     Fp8Tensor x8{saved[0], saved[1]};
     if (rowwise) x8 = to_fp8(from_fp8(x8), at::kFloat8_e4m3fn, false);

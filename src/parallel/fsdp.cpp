@@ -1,10 +1,12 @@
 #include "parallel/fsdp.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <array>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -33,6 +35,7 @@ void free_storage(const at::Tensor& p) {
 }
 
 void alloc_storage(const at::Tensor& p) {
+  const c10::OptionalDeviceGuard on(p.device());  // the allocator allocates on the current device
   c10::StorageImpl* s = p.storage().unsafeGetStorageImpl();
   const size_t bytes = size_t(p.numel()) * p.element_size();
   if (s->nbytes() == bytes) return;
@@ -109,9 +112,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
       free_storage(f.copy);
       f.shard = at::zeros({chunk}, shard.options().dtype(at::kByte));
       f.valid = std::clamp<int64_t>(n - rank_ * chunk, 0, chunk);
-      if (gather_.rowwise)
-        f.rows = at::arange(rank_ * chunk, rank_ * chunk + f.valid, shard.options().dtype(at::kLong))
-                     .div(p.size(1), "floor");
+      f.start = rank_ * chunk;
       fp8_of_[i] = int(fp8_.size());
       fp8_.push_back(std::move(f));
     }
@@ -212,14 +213,29 @@ const at::Tensor& FullyShardedDataParallel::gathered(int param) const {
 void FullyShardedDataParallel::quantize_fp8_shards() {
   if (fp8_.empty()) return;
   at::NoGradGuard no_grad;
-  // Each member's largest magnitudes (per weight, or per row), then the weights' own.
+  // Each member's largest magnitudes (per weight, or per row), then the weights' own. In the
+  // rowwise recipe a chunk covers rows [r0, r0 + k) of the weight, the first and last partly:
+  // laid out on whole rows (zeros around it) its row maxima are one amax.
+  auto rows_of = [&](const Fp8Weight& f) {
+    const int64_t in = params_[f.param].size(1), lead = f.start % in;
+    return std::array<int64_t, 3>{f.start / in, f.valid > 0 ? (lead + f.valid + in - 1) / in : 0, lead};
+  };
   std::vector<at::Tensor> parts;
   for (const Fp8Weight& f : fp8_) {
     const at::Tensor mine = shard_map_[names_[f.param]].detach().narrow(0, 0, f.valid).abs();
-    if (gather_.rowwise)
-      parts.push_back(at::zeros({params_[f.param].size(0)}, mine.options()).scatter_reduce_(0, f.rows, mine, "amax"));
-    else
+    if (gather_.rowwise) {
+      const int64_t in = params_[f.param].size(1);
+      const auto [r0, k, lead] = rows_of(f);
+      at::Tensor amax = at::zeros({params_[f.param].size(0)}, mine.options());
+      if (k > 0) {
+        at::Tensor laid = at::zeros({k * in}, mine.options());
+        laid.narrow(0, lead, f.valid).copy_(mine);
+        amax.narrow(0, r0, k).copy_(laid.view({k, in}).amax(1));
+      }
+      parts.push_back(amax);
+    } else {
       parts.push_back(f.valid > 0 ? mine.amax().reshape({1}) : at::zeros({1}, mine.options()));
+    }
   }
   at::Tensor amax = at::cat(parts);
   shard_->all_reduce(amax, ReduceOp::Max)->wait();
@@ -231,7 +247,11 @@ void FullyShardedDataParallel::quantize_fp8_shards() {
     // The shapes to_fp8 gives: [out, 1] per row, or one element.
     f.scale = gather_.rowwise ? scale.view({n, 1}).contiguous() : scale.reshape({});
     const at::Tensor mine = shard_map_[names_[f.param]].detach().narrow(0, 0, f.valid);
-    const at::Tensor per_value = gather_.rowwise ? scale.index_select(0, f.rows) : f.scale;
+    at::Tensor per_value = f.scale;
+    if (gather_.rowwise) {
+      const auto [r0, k, lead] = rows_of(f);
+      per_value = scale.narrow(0, r0, k).repeat_interleave(params_[f.param].size(1)).narrow(0, lead, f.valid);
+    }
     f.shard.narrow(0, 0, f.valid).copy_(fp8_cast(mine, per_value, at::kFloat8_e4m3fn).view(at::kByte));
   }
 }
@@ -358,6 +378,7 @@ void FullyShardedDataParallel::after_forward_only() {
 int64_t FullyShardedDataParallel::shard_bytes() const {
   int64_t bytes = 0;
   for (const auto& [name, s] : shard_map_) bytes += 2 * s.nbytes();  // weights and gradients
+  for (const Fp8Weight& f : fp8_) bytes += f.shard.nbytes();          // and the e4m3 casts
   return bytes;
 }
 

@@ -78,7 +78,8 @@ class FullyShardedDataParallel : public GradientSync {
   // forward gathers the weights as they are after the optimizer step.
   void after_forward_only() override;
 
-  // Bytes this member keeps between steps for parameters and gradients (shards), and the most
+  // Bytes this member keeps between steps for parameters and gradients (shards, and the e4m3
+  // casts of the FP8 ones), and the most
   // gathered at once during the last step (for the memory report).
   int64_t shard_bytes() const;
   int64_t peak_gathered_bytes() const { return peak_gathered_; }
@@ -119,7 +120,7 @@ class FullyShardedDataParallel : public GradientSync {
     at::Tensor copy;   // [out, in] e4m3, filled and freed as the weight itself would be
     at::Tensor scale;  // [] or [out, 1] (rowwise), fp32, set by quantize_fp8_shards()
     at::Tensor shard;  // this member's chunk in e4m3, as bytes [chunk]
-    at::Tensor rows;   // rowwise: the row of each element of this member's chunk
+    int64_t start = 0; // the chunk's first element in the flattened weight
     int64_t valid = 0; // elements of the chunk inside the weight (the rest is padding)
   };
 

@@ -271,6 +271,9 @@ INSTANTIATE_TEST_SUITE_P(
                       test::WorkerMesh{"Shard2RowwiseAccumulatingRecomputing", 2,
                                        "parallel.shard=2 train.precision=\"fp8_rowwise\" train.grad_accum=2 "
                                        "train.recompute_blocks=1 parallel.reshard_after_forward=false"},
+                      // Chunks of 1024 / 3 elements begin and end inside rows of the weights.
+                      test::WorkerMesh{"Shard3RowwiseChunksCutRows", 3,
+                                       "parallel.shard=3 train.batch_size=3 train.precision=\"fp8_rowwise\""},
                       test::WorkerMesh{"Shard2xTensor2Rowwise", 4,
                                        "parallel.shard=2 parallel.tensor=2 train.precision=\"fp8_rowwise\""}),
     test::mesh_test_name);

@@ -61,6 +61,8 @@ void validate_mesh(const Config& cfg, int world) {
 
 Mesh::Mesh(const Config& cfg, std::shared_ptr<Comm> world) {
   auto timed = std::make_shared<TimedComm>(std::move(world));
+  // NCCL stages CPU tensors through the current GPU, whose stream waits for them too.
+  if (timed->backend() == "nccl") timed->set_engine_gpu(current_gpu());
   timed_ = timed.get();
   world_ = std::move(timed);
   validate_mesh(cfg, world_->size());

@@ -104,7 +104,8 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
   auto spread = [](double n, double bytes) { return n > 1 ? (n - 1) / n * bytes : 0.0; };  // gather / scatter / a2a
 
   // Memory.
-  plan.weights = 4 * kept;
+  // fp32 shards, and each FP8 weight's shard cast to e4m3 once per forward (1 byte a weight).
+  plan.weights = 4 * kept + (gather.fp8 && p.shard > 1 ? block_fp8 * double(m.layers) / S : 0);
   plan.grads = 4 * kept;
   plan.optimizer = 8 * kept;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;

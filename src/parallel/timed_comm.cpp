@@ -15,6 +15,19 @@ double bus_factor(const char* op, int n) {
   return 1.0;
 }
 
+// "wait all_gather": what a profile calls the wait of a collective (diagnose/profile.h counts
+// these as communication).
+const char* wait_name(const std::string& op) {
+  static const std::map<std::string, std::string> names = [] {
+    std::map<std::string, std::string> m;
+    for (const char* o : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"})
+      m[o] = std::string("wait ") + o;
+    return m;
+  }();
+  const auto it = names.find(op);
+  return it == names.end() ? "wait" : it->second.c_str();
+}
+
 // Marks this rank as waiting in a collective since `t0_us` while it lives (TimedComm::blocked_s).
 class Blocked {
  public:
@@ -47,7 +60,10 @@ class TimedWork : public Work {
     // On a GPU the wait orders the current stream after the collective: events before and after
     // it tell how long the stream stood there.
     GpuEventPtr before = record_gpu_event(gpu_);
-    inner_->wait();
+    {
+      const trace::Annotation annotation(trace::annotating() ? wait_name(op_) : "");  // diagnose/profile.h
+      inner_->wait();
+    }
     GpuEventPtr after = record_gpu_event(gpu_);
     const double t1 = trace::now_us();
     done_ = true;
@@ -87,8 +103,6 @@ class TimedWork : public Work {
   bool done_ = false;
 };
 
-int gpu_of(const at::Tensor& t) { return t.is_cuda() ? int(t.get_device()) : -1; }
-
 }  // namespace
 
 double TimedComm::take_gpu_stall_s() {
@@ -126,6 +140,10 @@ CommTimes TimedComm::times() const {
 void TimedComm::reset() {
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->times = CommTimes{};
+}
+
+int TimedComm::gpu_of(const at::Tensor& t) const {
+  return t.is_cuda() ? int(t.get_device()) : shared_->engine_gpu.load();
 }
 
 WorkPtr TimedComm::timed(const char* op, double bytes, WorkPtr work, double issued_us, int gpu) {

@@ -72,6 +72,9 @@ class TimedComm : public ForwardingComm {
   std::shared_ptr<Comm> split(int color, int key) override;
   // The mesh group this communicator is (parallel/mesh.h names them after split()).
   void set_group(std::string name) { group_ = std::move(name); }
+  // The GPU an engine stages other tensors through (NCCL: CPU scalars go through it, and the
+  // stream waits for them too), or -1; shared with every split.
+  void set_engine_gpu(int gpu) { shared_->engine_gpu = gpu; }
   const std::string& group() const { return group_; }
 
   // Collectives (and point-to-point calls) entered on this rank, over every group: safe to read
@@ -92,10 +95,13 @@ class TimedComm : public ForwardingComm {
     std::atomic<int64_t> issued{0};
     std::atomic<double> waiting_since_us{0};  // 0: not in a wait
     std::vector<std::pair<GpuEventPtr, GpuEventPtr>> gpu_waits;  // (before, after) each wait, under mu
+    std::atomic<int> engine_gpu{-1};
   };
 
  private:
   TimedComm(std::shared_ptr<Comm> inner, std::shared_ptr<Shared> shared);
+  // The GPU whose stream a wait on `t` holds up (its own, or the staging engine's), or -1.
+  int gpu_of(const at::Tensor& t) const;
   // gpu: the CUDA device of the collective's tensors, or -1.
   WorkPtr timed(const char* op, double bytes, WorkPtr work, double issued_us, int gpu);
   std::shared_ptr<Shared> shared_;

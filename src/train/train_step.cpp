@@ -158,11 +158,13 @@ StepResult Trainer::step() {
   ++step_;
   watchdog_->beat("training", step_);
 
+  // (On a GPU this waits for the step's last kernels, the optimizer's, so that the step's host
+  // time covers its device time.)
+  double device_busy = -1;
+  if (gpu_start) device_busy = gpu_seconds_between(gpu_start, record_gpu_event(gpu));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double wait = mesh_->comm_times().wait_s() - wait0;
-  double device_busy = -1;
-  if (gpu_start)
-    device_busy = std::max(0.0, gpu_seconds_between(gpu_start, record_gpu_event(gpu)) - mesh_->take_gpu_stall_s());
+  if (gpu_start) device_busy = std::max(0.0, device_busy - mesh_->take_gpu_stall_s());
   return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped, spike.spike,
           spike.loss_z, response.rollback, device_busy};
 }

@@ -19,6 +19,7 @@
 #include "core/storage.h"
 #include "core/trace.h"
 #include "diagnose/forensics.h"
+#include "diagnose/profile.h"
 #include "diagnose/health.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
@@ -472,9 +473,27 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       std::printf("trace of steps %lld-%lld: %zu events in %s (one file per rank; open in ui.perfetto.dev)\n",
                   (long long)trace_from + 1, (long long)step_, n, path.c_str());
   };
+  // LibTorch's profiler over train.profile_steps steps, the first left out too (diagnose/profile.h).
+  const int64_t profile_from = step_ + 1, profile_to = profile_from + cfg_.train.profile_steps;
+  std::unique_ptr<KinetoProfile> profile;
+  auto finish_profile = [&] {
+    if (!profile) return;
+    const std::string dir = cfg_.train.out_dir + "/profile", rank = std::to_string(mesh_->rank());
+    const ProfileSummary s = profile->stop(dir + "/rank" + rank + ".json");
+    profile.reset();
+    std::ofstream(dir + "/summary_rank" + rank + ".json") << profile_summary_json(s, profile_from + 1, step_) << "\n";
+    if (console && is_lead())
+      std::printf("profile of steps %lld-%lld (rank 0, %.3f s): host %s%s%s; trace in %s/rank%s.json (one per rank; "
+                  "ui.perfetto.dev)\n",
+                  (long long)profile_from + 1, (long long)step_, s.window_s, s.format(false).c_str(),
+                  s.has_device() ? "; GPU " : "", s.has_device() ? s.format(true).c_str() : "", dir.c_str(),
+                  rank.c_str());
+  };
   while (step_ < until) {
     if (cfg_.train.trace_steps > 0 && step_ == trace_from)
       trace::start(mesh_->rank(), "rank " + std::to_string(mesh_->rank()));
+    if (cfg_.train.profile_steps > 0 && step_ == profile_from)
+      profile = std::make_unique<KinetoProfile>(device_.is_cuda(), /*memory=*/true);
     StepResult r = step();
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss) || r.skipped, "training diverged at step ", r.step, ": loss is ", r.loss,
@@ -503,6 +522,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (logger) logger->log(m);
     }
     if (step_ == trace_to) finish_trace();
+    if (step_ == profile_to) finish_profile();
     // The watchdog's step-based limit follows the median step (the run's first step, with its
     // allocations, left out).
     if (r.step > trace_from) {
@@ -543,6 +563,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if ((step_due || flags[1].item<double>() > 0) && r.step != until) start_save();
   }
   finish_trace();
+  finish_profile();
   // The last save is waited for: the run ends with its state committed.
   save();
   summarize_communication();

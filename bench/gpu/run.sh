@@ -27,14 +27,14 @@ say() { echo "[gpu-run $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
 declare -A STATUS DETAIL
 export_logs() {
-  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp -f "$LOGS"/*.log "$OUT"/ 2>/dev/null || true; fi
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp -f "$LOGS"/*.log "$LOGS"/*.gz "$OUT"/ 2>/dev/null || true; fi
 }
 
 summary() {
   echo
   echo "================ vidit GPU run summary ================"
   printf '%-14s %-8s %s\n' step status detail
-  for step in environment configure build tests kernel_error kernels bench fp8 step_time; do
+  for step in environment configure build tests kernel_error kernels bench fp8 step_time profile; do
     printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
   done
   echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
@@ -289,6 +289,27 @@ if [[ -x "$BUILD/bench_step_time" ]] && (($(left) >= 60)); then
   cat "$LOGS/step_time.log"
 else
   STATUS[step_time]=skipped
+fi
+
+# Where a GPU step's time goes: a Kineto profile of 2 steps of Wan 2.1 1.3B at 8,190 tokens
+# (train.profile_steps; diagnose/profile.h): matmul / attention / elementwise / communication /
+# idle on the GPU, and the trace with CUDA kernels (profile/rank0.json, copied to the logs).
+if [[ -x "$BUILD/vidit" ]] && (($(left) >= 100)); then
+  say "vidit train with train.profile_steps=2 (Wan 2.1 1.3B, 8,190 tokens)"
+  P_OUT="$BUILD/gpu_profile_run"
+  rm -rf "$P_OUT"
+  if timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
+      --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.profile_steps=2 \
+      --set train.ckpt_every=0 --set train.ema_decay=0 --set train.out_dir="$P_OUT" >"$LOGS/profile.log" 2>&1; then
+    STATUS[profile]=ok
+    DETAIL[profile]=$(grep -E '^profile of steps' "$LOGS/profile.log" | sed 's/; trace in.*//')
+    gzip -c "$P_OUT/profile/rank0.json" >"$LOGS/profile_rank0.json.gz" 2>/dev/null || true
+  else
+    STATUS[profile]=FAIL; DETAIL[profile]="rc $? (see profile.log)"
+  fi
+  grep -E '^profile of steps' "$LOGS/profile.log" || tail -n 5 "$LOGS/profile.log"
+else
+  STATUS[profile]=skipped
 fi
 
 summary

@@ -5,20 +5,15 @@
 # one run. Prints per case the MB one rank puts into the all-gathers per step (FSDP's own count),
 # the median step time and time rank 0 was blocked in collectives (bench_train_step), and each
 # case's bytes as a fraction of the first's.
-# The model is bench_overlap.sh's (a block's fp32 all-gather is about 17 MB).
+# The model is bench/sharded_model.sh, as bench_overlap.sh.
 # Usage: bench/bench_fsdp_gather.sh [BUILD_DIR] [STEPS]   (defaults: build, 8)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 STEPS=${2:-8}
-BENCH=$BUILD/bench_train_step
-[[ -x "$BENCH" ]] || { echo "bench_fsdp_gather: $BENCH not built (cmake --build $BUILD)"; exit 1; }
-PY=${PYTHON:-python3}
-SETS=(model.dim=512 model.ffn_dim=2048 model.heads=8 model.layers=4 model.patch=[1,2,2]
-      data.latent_frames=4 data.latent_height=8 data.latent_width=8 train.batch_size=2
-      train.threads=1 parallel.shard=2)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+NAME=bench_fsdp_gather
+# shellcheck source=bench/sharded_model.sh
+source "$ROOT/bench/sharded_model.sh"
 
 run() {  # extra sets...
   env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \

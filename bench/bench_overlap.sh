@@ -4,21 +4,16 @@
 # torchrun), in one run, and prints per engine the median step time and the median time rank 0
 # was blocked in collectives per step (bench_train_step; parallel/timed_comm.h), with the ratios
 # prefetch-on / prefetch-off.
-# The model is sized so that a block's all-gather (about 17 MB) is comparable to its compute
+# The model (bench/sharded_model.sh) is sized so that a block's all-gather (about 17 MB) is comparable to its compute
 # (64 tokens per sample, one thread per rank).
 # Usage: bench/bench_overlap.sh [BUILD_DIR] [STEPS]   (defaults: build, 12)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 STEPS=${2:-12}
-BENCH=$BUILD/bench_train_step
-[[ -x "$BENCH" ]] || { echo "bench_overlap: $BENCH not built (cmake --build $BUILD)"; exit 1; }
-PY=${PYTHON:-python3}
-SETS=(model.dim=512 model.ffn_dim=2048 model.heads=8 model.layers=4 model.patch=[1,2,2]
-      data.latent_frames=4 data.latent_height=8 data.latent_width=8 train.batch_size=2
-      train.threads=1 parallel.shard=2)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+NAME=bench_overlap
+# shellcheck source=bench/sharded_model.sh
+source "$ROOT/bench/sharded_model.sh"
 
 run() {  # engine prefetch
   local launch

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "diagnose/events.h"
 #include "diagnose/forensics.h"
+#include "diagnose/profile.h"
 
 namespace vidit {
 namespace fs = std::filesystem;
@@ -138,6 +139,30 @@ std::string doctor_report(const std::string& run_dir) {
     for (const auto& s : saves) pause = std::max(pause, s.value("blocked_s", 0.0)), write = std::max(write, s.value("write_s", 0.0));
     out << "saves: " << saves.size() << " committed, newest step " << saves.back().value("step", int64_t(0))
         << "; longest training pause " << fmt("%.3f", pause) << " s, longest write " << fmt("%.2f", write) << " s\n";
+  }
+  // Profiles (train.profile_steps): where each rank's time went.
+  if (fs::is_directory(dir / "profile")) {
+    std::vector<fs::path> summaries;
+    for (const auto& f : fs::directory_iterator(dir / "profile"))
+      if (f.path().filename().string().rfind("summary_rank", 0) == 0) summaries.push_back(f.path());
+    std::sort(summaries.begin(), summaries.end());
+    for (const auto& path : summaries) {
+      try {
+        std::ifstream in(path);
+        const nlohmann::json j = nlohmann::json::parse(in);
+        ProfileSummary s;
+        s.window_s = j.value("window_s", 0.0);
+        s.host_s = j.value("host_s", std::map<std::string, double>{});
+        s.device_s = j.value("device_s", std::map<std::string, double>{});
+        const std::string rank = path.stem().string().substr(std::string("summary_rank").size());
+        out << "profile of steps " << j.value("first_step", int64_t(0)) << "-" << j.value("last_step", int64_t(0))
+            << ", rank " << rank << " (" << fmt("%.3f", s.window_s) << " s): host " << s.format(false);
+        if (s.has_device()) out << "; GPU " << s.format(true);
+        out << "\n";
+      } catch (const std::exception& e) {
+        out << "profile summary " << path.string() << " unreadable: " << e.what() << "\n";
+      }
+    }
   }
   if (suspects.empty()) {
     out << "hosts: none stands out\n";

@@ -1,6 +1,7 @@
 // `vidit doctor` on a real run that went through trouble: under mpirun, a rank computes slowly
 // (a straggler) until the job stops at step 12; the same command resumes it, and a poisoned
-// sample spikes step 20. The report tells all of it and names the host worth a look.
+// sample spikes step 20. The report tells all of it and names the host worth a look. And a
+// profiled run: the report says where the profiled steps' time went.
 #include <gtest/gtest.h>
 
 #include "../../tests/test_util.h"
@@ -9,6 +10,20 @@
 
 namespace vidit {
 namespace {
+
+TEST(Doctor, SaysWhereAProfiledRunsTimeWent) {
+  test::ScratchDir dir("doctor_profile");
+  const std::string run = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() + " train.steps=4 train.profile_steps=2";
+  const test::ProcessResult r = test::run_process(run);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("profile of steps 2-3 (rank 0,"), std::string::npos) << r.output;
+  const test::ProcessResult doctor = test::run_process(std::string(VIDIT_BINARY) + " doctor " + dir.path());
+  ASSERT_EQ(doctor.status, 0) << doctor.output;
+  const std::string& report = doctor.output;
+  EXPECT_NE(report.find("profile of steps 2-3, rank 0 ("), std::string::npos) << report;
+  EXPECT_NE(report.find("host matmul "), std::string::npos) << report;
+  EXPECT_NE(report.find(", idle "), std::string::npos) << report;
+}
 
 TEST(Doctor, TellsTheStoryOfATroubledRun) {
   VIDIT_REQUIRE_MPI();

@@ -16,6 +16,10 @@ using GpuEventPtr = std::shared_ptr<GpuEvent>;
 // An event recorded on CUDA device `device`'s current stream; null when device < 0 or there is
 // no CUDA in this build.
 GpuEventPtr record_gpu_event(int device);
+// An NVTX range (Nsight Systems draws it on the host timeline above the kernels it launched),
+// pushed and popped on one thread; no-ops without CUDA. core/trace.h's annotations use them.
+void gpu_range_push(const char* name);
+void gpu_range_pop();
 // The current CUDA device, or -1 (no CUDA in this build, or no GPU).
 int current_gpu();
 // Seconds of device time from `from` to `to` (both recorded on one stream); waits for `to`.

@@ -2,6 +2,8 @@
 
 #include <ATen/record_function.h>
 
+#include <cstdlib>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -10,22 +12,34 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/gpu_events.h"
 
 namespace vidit::trace {
 namespace detail {
 std::atomic<bool> recording{false};
-std::atomic<bool> annotating{false};
+
+// VIDIT_NVTX=1: annotations on for the whole run, for Nsight Systems (nsys profile ...).
+const bool nvtx_requested = [] {
+  const char* v = std::getenv("VIDIT_NVTX");
+  return v != nullptr && std::string(v) == "1";
+}();
 
 void* begin_annotation(const char* name, int64_t index) {
+  const std::string full = index >= 0 ? std::string(name) + " " + std::to_string(index) : std::string(name);
   auto* rf = new at::RecordFunction(at::RecordScope::USER_SCOPE);
-  if (rf->isActive()) rf->before(index >= 0 ? std::string(name) + " " + std::to_string(index) : std::string(name));
+  if (rf->isActive()) rf->before(full);
+  gpu_range_push(full.c_str());
   return rf;
 }
 
-void end_annotation(void* a) { delete static_cast<at::RecordFunction*>(a); }  // ends the scope
+void end_annotation(void* a) {
+  gpu_range_pop();
+  delete static_cast<at::RecordFunction*>(a);  // ends the scope
+}
+std::atomic<bool> annotating{nvtx_requested};
 }  // namespace detail
 
-void set_annotating(bool on) { detail::annotating.store(on); }
+void set_annotating(bool on) { detail::annotating.store(on || detail::nvtx_requested); }
 namespace {
 
 struct Event {

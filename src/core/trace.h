@@ -40,8 +40,9 @@ void async_slice(const std::string& name, const char* category, double ts_us, do
 size_t write(const std::string& path);
 
 // Annotations for LibTorch's profiler (diagnose/profile.h): while it profiles, a scope shows in
-// its trace as a user annotation around the ATen ops and CUDA kernels inside it. Off otherwise
-// (one atomic load).
+// its trace as a user annotation around the ATen ops and CUDA kernels inside it. On a CUDA
+// build each is also an NVTX range, and VIDIT_NVTX=1 keeps them on for the whole run, for Nsight
+// Systems. Off otherwise (one atomic load).
 namespace detail {
 extern std::atomic<bool> annotating;
 void* begin_annotation(const char* name, int64_t index);

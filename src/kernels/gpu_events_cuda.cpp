@@ -1,6 +1,7 @@
-// CUDA builds only: timing events on the current stream (core/gpu_events.h).
+// CUDA builds only: timing events on the current stream and NVTX ranges (core/gpu_events.h).
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "core/gpu_events.h"
 
@@ -17,6 +18,9 @@ GpuEventPtr record_gpu_event(int device) {
   e->event.record(at::cuda::getCurrentCUDAStream(c10::DeviceIndex(device)));
   return e;
 }
+
+void gpu_range_push(const char* name) { nvtxRangePushA(name); }
+void gpu_range_pop() { nvtxRangePop(); }
 
 int current_gpu() { return at::cuda::device_count() > 0 ? int(at::cuda::current_device()) : -1; }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "core/config.h"
@@ -97,8 +98,18 @@ int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib, const std::stri
   if (world <= 0) {
     const auto& p = cfg.parallel;
     validate_mesh(cfg, int(p.replicate * p.shard * p.ulysses * p.ring * p.tensor));
-    const StepPlan plan = plan_step(cfg);
+    // With --measure, the activations are also what a block holds on that device.
+    std::optional<BlockActivations> activations;
+    if (!measure.empty()) {
+      VIDIT_CHECK(measure == "cpu" || measure == "cuda", "plan --measure: the device is 'cpu' or 'cuda', not '", measure, "'");
+      activations = measure_block_activations(cfg, measure == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
+    }
+    const StepPlan plan = plan_step(cfg, activations ? &*activations : nullptr);
     std::printf("%s", format_plan(cfg, plan).c_str());
+    if (activations)
+      std::printf("a block holds   %.1f KiB per token (selective %.1f, whole %.1f) and %.1f KiB per sample, %s\n",
+                  activations->keep.per_token / 1024, activations->selective.per_token / 1024,
+                  activations->whole.per_token / 1024, activations->keep.per_sample / 1024, activations->source.c_str());
     if (!measure.empty() || !rates.empty()) {
       // Measured rates, with any given ones (the link, which one process cannot measure) on top.
       DeviceRates r = measure.empty() ? DeviceRates{} : measure_rates(cfg, measure);

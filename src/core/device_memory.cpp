@@ -1,10 +1,18 @@
 #include "core/device_memory.h"
 
+#include <malloc.h>
+
 namespace vidit {
 
 #ifndef VIDIT_HAVE_CUDA
 int64_t cuda_peak_allocated_bytes(int) { return 0; }
 void cuda_reset_peak_memory(int) {}
+int64_t cuda_allocated_bytes(int) { return 0; }
 #endif
+
+int64_t host_heap_bytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return int64_t(m.uordblks + m.hblkhd);
+}
 
 }  // namespace vidit

@@ -10,6 +10,11 @@ int64_t cuda_peak_allocated_bytes(int index) {
   return stats.allocated_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].peak;
 }
 
+int64_t cuda_allocated_bytes(int index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::DeviceIndex(index));
+  return stats.allocated_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
+}
+
 void cuda_reset_peak_memory(int index) { c10::cuda::CUDACachingAllocator::resetPeakStats(c10::DeviceIndex(index)); }
 
 }  // namespace vidit

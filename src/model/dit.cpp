@@ -64,7 +64,9 @@ at::Tensor DiTBlockImpl::after_attention(const at::Tensor& x_in, const at::Tenso
     ResidualNorm r = residual_layernorm_fused(x_in, attended, e[2], fp32(norm3->weight), fp32(norm3->bias), {}, {}, eps);
     x = r.residual, normed = r.out;
   } else {
-    x = at::addcmul(x_in, fp32(attended), e[2]);  // one pass
+    // addcmul promotes the bf16 product to fp32 in its kernel (the same values as fp32(attended)),
+    // and keeps the bf16 tensor for backward: half the bytes of an fp32 copy.
+    x = at::addcmul(x_in, attended, e[2]);
     normed = norm3(x);
   }
   // x + cross-attention, then LayerNorm + modulate for the MLP.
@@ -77,7 +79,7 @@ at::Tensor DiTBlockImpl::after_attention(const at::Tensor& x_in, const at::Tenso
     x = x + fp32(crossed);
     modulated_x = layernorm_modulate(x, e[3], e[4], eps);
   }
-  return at::addcmul(x, fp32(mlp(modulated_x)), e[5]);
+  return at::addcmul(x, mlp(modulated_x), e[5]);
 }
 
 at::Tensor DiTBlockImpl::mlp(const at::Tensor& x) {

@@ -8,11 +8,12 @@
 
 namespace vidit {
 
-std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg) {
+std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg,
+                                           const BlockActivations* activations) {
   auto pm = std::make_unique<ParallelModel>(std::move(model), std::move(mesh));
   apply_tensor_parallel(*pm, cfg.parallel);
   apply_sequence_parallel(*pm);
-  const RecomputeCounts rc = recompute_counts(cfg);
+  const RecomputeCounts rc = recompute_counts(cfg, activations);
   pm->model()->recompute_blocks = rc.whole;
   pm->model()->selective_blocks = rc.selective;
   if (cfg.parallel.shard > 1 || cfg.parallel.apply_all)

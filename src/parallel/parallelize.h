@@ -22,13 +22,16 @@
 
 #include "core/config.h"
 #include "model/dit.h"
+#include "parallel/activation_memory.h"
 #include "parallel/mesh.h"
 #include "parallel/parallel_model.h"
 
 namespace vidit {
 
 // Collective over the mesh (FSDP and data parallel broadcast rank 0's weights).
-std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg);
+// `activations`: a block's measured activations, for train.memory_budget_gb (nullptr: the plan's formula).
+std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg,
+                                           const BlockActivations* activations = nullptr);
 
 // The layouts parallelize() gives `whole` parameters (by name and shape) on a mesh of the
 // config's degrees, without applying anything: what `vidit plan` counts.

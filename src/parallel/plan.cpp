@@ -20,28 +20,30 @@ double StepPlan::comm() const {
   return t;
 }
 
-StepPlan plan_step(const Config& cfg) { return plan_step(cfg, recompute_counts(cfg)); }
+StepPlan plan_step(const Config& cfg, const BlockActivations* measured) {
+  return plan_step(cfg, recompute_counts(cfg, measured), measured);
+}
 
-RecomputeCounts recompute_counts(const Config& cfg) {
+RecomputeCounts recompute_counts(const Config& cfg, const BlockActivations* measured) {
   const int64_t layers = cfg.model.layers;
   const double budget = cfg.train.memory_budget_gb * double(1ll << 30);
   if (budget <= 0) {
     const int64_t n = cfg.train.recompute_blocks < 0 ? layers : std::min(cfg.train.recompute_blocks, layers);
     return cfg.train.recompute_policy == RecomputePolicy::selective ? RecomputeCounts{0, n} : RecomputeCounts{n, 0};
   }
-  auto fits = [&](RecomputeCounts c) { return plan_step(cfg, c).memory() <= budget; };
+  auto fits = [&](RecomputeCounts c) { return plan_step(cfg, c, measured).memory() <= budget; };
   for (int64_t s = 0; s <= layers; ++s)
     if (fits({0, s})) return {0, s};
   for (int64_t w = 1; w <= layers; ++w)
     if (fits({w, layers - w})) return {w, layers - w};
-  const StepPlan least = plan_step(cfg, {layers, 0});
+  const StepPlan least = plan_step(cfg, {layers, 0}, measured);
   fail("train.memory_budget_gb = ", cfg.train.memory_budget_gb, ": even with every block recomputed the plan needs ",
        least.memory() / double(1ll << 30), " GiB per rank (activations ", least.activations / double(1ll << 30),
        " GiB). Raise the budget, shard the weights (parallel.shard), split the tokens (parallel.ulysses / ring) or "
        "lower train.batch_size");
 }
 
-StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
+StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations* measured) {
   const auto& m = cfg.model;
   const auto& p = cfg.parallel;
   StepPlan plan;
@@ -117,8 +119,14 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc) {
   // autocast is on); one of them at a time holds its full activations again during its backward.
   const double layers = double(m.layers);
   const double n_whole = double(rc.whole), n_selective = double(rc.selective), recomputed = n_whole + n_selective;
-  const double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
-  const double held_whole = b * Lc * d * 4, held_selective = b * Lc * d * (4 + 4 * (bf16 ? 2 : 4));
+  double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
+  double held_whole = b * Lc * d * 4, held_selective = b * Lc * d * (4 + 4 * (bf16 ? 2 : 4));
+  if (measured) {
+    per_block = measured->keep.bytes(b, Lc);
+    held_whole = measured->whole.bytes(b, Lc);
+    held_selective = measured->selective.bytes(b, Lc);
+    plan.measured_activations = true;
+  }
   plan.activations = (layers - recomputed) * per_block + n_whole * held_whole + n_selective * held_selective +
                      (recomputed > 0 ? per_block : 0);
 
@@ -192,7 +200,8 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
   os << "mesh            " << mesh_name(cfg.parallel) << " (" << plan.world << " ranks)\n"
      << "per rank        weights " << human(plan.weights) << ", grads " << human(plan.grads) << ", AdamW "
      << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered)
-     << ", activations ~" << human(plan.activations) << " (estimate)\n"
+     << ", activations ~" << human(plan.activations)
+     << (plan.measured_activations ? " (a block's, measured)" : " (estimate)") << "\n"
      << "                total ~" << human(plan.memory()) << "\n"
      << "recompute       " << plan.recompute.whole << " blocks whole, " << plan.recompute.selective << " selectively, "
      << cfg.model.layers - plan.recompute.whole - plan.recompute.selective << " keep their activations"

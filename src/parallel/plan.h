@@ -37,7 +37,9 @@
 // parts, then FSDP's padded shards), plus the largest gathered units (root and two blocks, as
 // each rank holds them before FSDP); activations are an
 // estimate, (18 d + 2 ffn) x 4 bytes per local token per block (what a block saves for
-// backward), not a measurement; a block recomputed whole keeps d x 4 bytes per token, one
+// backward), not a measurement, unless measured activations are given
+// (parallel/activation_memory.h: what a block of the run's shapes holds on its device, which
+// `vidit plan --measure` and the trainer's choice for train.memory_budget_gb use); a block recomputed whole keeps d x 4 bytes per token, one
 // recomputed selectively 5 [b, L, d] values (q, k, v and the attention's output in bf16 under
 // autocast), plus one block's full set while it is recomputed; a recomputed block runs its
 // forward collectives (tensor parallel; Ulysses and ring only when whole) twice.
@@ -47,6 +49,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "parallel/activation_memory.h"
 
 namespace vidit {
 
@@ -58,6 +61,7 @@ struct RecomputeCounts {
 
 struct StepPlan {
   int64_t world = 1;
+  bool measured_activations = false;  // activations from a BlockActivations, not the formula
   RecomputeCounts recompute;
   int64_t params = 0;
   // Memory per rank, bytes.
@@ -69,16 +73,17 @@ struct StepPlan {
   double comm() const;
 };
 
-StepPlan plan_step(const Config& cfg);
+// `measured`: a block's activations as measured (nullptr: the formula above).
+StepPlan plan_step(const Config& cfg, const BlockActivations* measured = nullptr);
 // The plan with the blocks recomputed as given, whatever the config says.
-StepPlan plan_step(const Config& cfg, RecomputeCounts recompute);
+StepPlan plan_step(const Config& cfg, RecomputeCounts recompute, const BlockActivations* measured = nullptr);
 // Which blocks are recomputed: train.recompute_blocks of train.recompute_policy; or, with
 // train.memory_budget_gb > 0, the least recomputation whose planned memory per rank fits the
 // budget. Blocks switch from keeping their activations to selective recomputation first (it
 // frees most of a block's activations and does not run attention again), then from selective to
 // whole. A budget that not even every block recomputed whole fits is an error naming the key,
 // the memory needed and what to change.
-RecomputeCounts recompute_counts(const Config& cfg);
+RecomputeCounts recompute_counts(const Config& cfg, const BlockActivations* measured = nullptr);
 std::string format_plan(const Config& cfg, const StepPlan& plan);
 
 // Every mesh of `world` ranks that validate_mesh() accepts for this config, its

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -23,6 +24,7 @@
 #include "diagnose/health.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
+#include "parallel/activation_memory.h"
 #include "parallel/parallelize.h"
 #include "parallel/plan.h"
 #include "resilience/stop_signal.h"
@@ -92,21 +94,35 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
         std::printf("precision %s: %lld projections in the blocks multiply in FP8; the embeddings, the head and "
                     "narrow projections in bf16 (model/fp8.h)\n",
                     name_of(cfg.train.precision).c_str(), (long long)fp8_layers);
-      if (cfg.train.memory_budget_gb > 0) {
-        const StepPlan plan = plan_step(cfg);
-        std::printf("activation checkpointing for train.memory_budget_gb = %g: %lld blocks recomputed whole, %lld "
-                    "selectively, %lld keep their activations (vidit plan: ~%.2f GiB per rank)\n",
-                    cfg.train.memory_budget_gb, (long long)plan.recompute.whole, (long long)plan.recompute.selective,
-                    (long long)(cfg.model.layers - plan.recompute.whole - plan.recompute.selective),
-                    plan.memory() / double(1ll << 30));
-      }
+    }
+  }
+  // The memory budget's choice of recomputation, from what a block holds on this device (every
+  // rank measures; the largest figures are taken, so all ranks choose alike).
+  std::optional<BlockActivations> activations;
+  if (cfg.train.memory_budget_gb > 0) {
+    activations = measure_block_activations(cfg, device_);
+    at::Tensor v = at::tensor({activations->keep.per_token, activations->keep.per_sample, activations->selective.per_token,
+                               activations->selective.per_sample, activations->whole.per_token, activations->whole.per_sample},
+                              at::kDouble);
+    mesh_->world()->all_reduce(v, ReduceOp::Max)->wait();
+    int i = 0;
+    for (auto* l : {&activations->keep, &activations->selective, &activations->whole})
+      l->per_token = v[i++].item<double>(), l->per_sample = v[i++].item<double>();
+    if (is_lead()) {
+      const StepPlan plan = plan_step(cfg, &*activations);
+      std::printf("activation checkpointing for train.memory_budget_gb = %g: %lld blocks recomputed whole, %lld "
+                  "selectively, %lld keep their activations (vidit plan: ~%.2f GiB per rank; a block holds %.1f KiB "
+                  "per token, %s)\n",
+                  cfg.train.memory_budget_gb, (long long)plan.recompute.whole, (long long)plan.recompute.selective,
+                  (long long)(cfg.model.layers - plan.recompute.whole - plan.recompute.selective),
+                  plan.memory() / double(1ll << 30), activations->keep.per_token / 1024, activations->source.c_str());
     }
   }
   peak_tflops_ = cfg.train.peak_tflops > 0 ? cfg.train.peak_tflops
                  : device_.is_cuda()       ? peak_tflops(cuda_device_name(std::max<int>(0, device_.index())), cfg.train.precision)
                                            : 0;
   // Every parallelism of the mesh, in one place; params() are what this rank updates.
-  pm_ = parallelize(std::move(model), mesh_, cfg);
+  pm_ = parallelize(std::move(model), mesh_, cfg, activations ? &*activations : nullptr);
   opt_ = std::make_unique<AdamW>(pm_->params(), AdamWOptions{cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps,
                                                             cfg.train.weight_decay},
                                  pm_->whole_shapes());

@@ -6,10 +6,10 @@
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include "../../tests/test_util.h"
 #include "model/dit.h"
+#include "core/device_memory.h"
 #include "core/precision.h"
 
 namespace vidit {
@@ -110,12 +110,6 @@ TEST(Recompute, OnlyWhenRecordingGradients) {
   EXPECT_FALSE(out.grad_fn());
 }
 
-// Bytes the allocator holds for the program (small chunks in the arenas plus mmapped ones).
-int64_t heap_in_use() {
-  struct mallinfo2 m = mallinfo2();
-  return int64_t(m.uordblks + m.hblkhd);
-}
-
 TEST(Recompute, HoldsFarLessBetweenForwardAndBackward) {
   at::set_num_threads(1);
   // 512 tokens per sample so that activations dominate what a step holds.
@@ -128,9 +122,9 @@ TEST(Recompute, HoldsFarLessBetweenForwardAndBackward) {
     model->zero_grad();
     model->recompute_blocks = policy == RecomputePolicy::block ? recompute : 0;
     model->selective_blocks = policy == RecomputePolicy::selective ? recompute : 0;
-    const int64_t before = heap_in_use();
+    const int64_t before = host_heap_bytes();
     at::Tensor out = model->forward(x, t, text);
-    const int64_t during = heap_in_use() - before;
+    const int64_t during = host_heap_bytes() - before;
     out.square().mean().backward();
     return during;
   };

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
+#include <torch/cuda.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "core/config.h"
 #include "core/device_memory.h"
 #include "core/error.h"
+#include "core/gpu_events.h"
 #include "core/malloc_tuning.h"
 #include "core/safetensors.h"
 #include "loader/dataset.h"
@@ -63,9 +65,15 @@ int main(int argc, char** argv) {
                                "train.ckpt_every=0", "train.ema_decay=0"});
     Config cfg = load_config(config, sets);
     cfg.train.steps = warmup + steps;
-    at::Device dev(device == "cuda" ? at::kCUDA : at::kCPU);
-    auto data = std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed);
     const LaunchEnv env = detect_launch_env();
+    // Under torchrun each process takes its local rank's GPU (and makes it current).
+    at::Device dev(at::kCPU);
+    if (device == "cuda") {
+      const int gpu = process_gpu(env, int(torch::cuda::device_count()));
+      use_gpu(gpu);
+      dev = at::Device(at::kCUDA, int8_t(gpu));
+    }
+    auto data = std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed);
     std::shared_ptr<const Mesh> mesh;
     if (env.world > 1) mesh = std::make_shared<Mesh>(cfg, make_world_comm(env, dev.type()));
     const bool lead = env.rank == 0;

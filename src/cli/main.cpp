@@ -14,6 +14,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/gpu_events.h"
 #include "core/malloc_tuning.h"
 #include "core/peak_flops.h"
 #include "core/safetensors.h"
@@ -139,7 +140,9 @@ at::Device train_device(const Config& cfg, const LaunchEnv& env) {
   const int64_t gpus = int64_t(torch::cuda::device_count());
   VIDIT_CHECK(env.local_rank < gpus || gpus == 1, "rank ", env.rank, " has local rank ", env.local_rank,
               " but this node shows it ", gpus, " GPUs; start one process per GPU (or make one GPU visible to each)");
-  return at::Device(at::kCUDA, int8_t(process_gpu(env, int(gpus))));
+  const int gpu = process_gpu(env, int(gpus));
+  use_gpu(gpu);  // before the process group and the model touch CUDA
+  return at::Device(at::kCUDA, int8_t(gpu));
 }
 
 // The pre-flight checks (diagnose/health.h) over every rank of `world`; rank 0 prints the table

@@ -164,6 +164,11 @@ using NumList = std::vector<double>;
   KEY(bool, fp8_fast_accum, true, any,                                                                 \
       "FP8: the forward's scaled matmuls accumulate in the tensor cores' fast mode (use_fast_accum); the "  \
       "gradients' never do")                                                                             \
+  KEY(bool, fp8_reuse_casts, true, any,                                                                \
+      "FP8: each projection weight is cast to e4m3 once per step (the forward, a recomputed forward and " \
+      "backward read that cast; 1 byte a weight held for the step) and an input once for the projections " \
+      "that share it (q, k, v); false: cast at every use. Not for weights FSDP shards without "          \
+      "parallel.fp8_all_gather")                                                                         \
   KEY(AttentionBackend, attention_backend, AttentionBackend::automatic, any,                           \
       "SDPA kernel: \"auto\" (PyTorch picks), \"flash\", \"cudnn\", \"efficient\" or \"math\"; "           \
       "the one that runs is logged (model/attention_backend.h)")                                        \
@@ -226,8 +231,9 @@ using NumList = std::vector<double>;
       "what the recomputed blocks keep: \"block\" (only the input; the whole forward runs again) or "  \
       "\"selective\" (also the attention's inputs and output: attention is not run again)")             \
   KEY(double, memory_budget_gb, 0.0, non_negative,                                                     \
-      "device memory per rank (GiB, vidit plan's estimate) that activation checkpointing must fit: blocks " \
-      "are recomputed selectively, then whole, as few as fit; 0 = train.recompute_blocks / _policy by hand") \
+      "device memory per rank (GiB, as vidit plan counts it, with a block's activations measured on the " \
+      "run's device at start) that activation checkpointing must fit: blocks are recomputed selectively, " \
+      "then whole, as few as fit; 0 = train.recompute_blocks / _policy by hand")                      \
   KEY(int64_t, trace_steps, 0, non_negative,                                                           \
       "write a Chrome trace of this many steps (after the first) to <out_dir>/trace/rank<R>.json")     \
   KEY(int64_t, profile_steps, 0, non_negative,                                                         \

@@ -22,6 +22,10 @@ void gpu_range_push(const char* name);
 void gpu_range_pop();
 // The current CUDA device, or -1 (no CUDA in this build, or no GPU).
 int current_gpu();
+// Makes CUDA device `device` the calling thread's current one: each rank's own GPU, set before
+// anything touches CUDA (otherwise every rank of a node synchronizes, records stall events on and
+// holds a context on GPU 0). No-op for device < 0 or without CUDA.
+void use_gpu(int device);
 // Seconds of device time from `from` to `to` (both recorded on one stream); waits for `to`.
 // 0 when either is null.
 double gpu_seconds_between(const GpuEventPtr& from, const GpuEventPtr& to);

@@ -1,6 +1,7 @@
 // CUDA builds only: timing events on the current stream and NVTX ranges (core/gpu_events.h).
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <nvtx3/nvToolsExt.h>
 
 #include "core/gpu_events.h"
@@ -21,6 +22,10 @@ GpuEventPtr record_gpu_event(int device) {
 
 void gpu_range_push(const char* name) { nvtxRangePushA(name); }
 void gpu_range_pop() { nvtxRangePop(); }
+
+void use_gpu(int device) {
+  if (device >= 0) c10::cuda::set_device(c10::DeviceIndex(device));
+}
 
 int current_gpu() { return at::cuda::device_count() > 0 ? int(at::cuda::current_device()) : -1; }
 

@@ -44,18 +44,20 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
  public:
   // w8_data / w8_scale: W in e4m3 already (fp8_linear's w8), or undefined.
   // (Optional tensors: autograd takes an undefined one only as an empty optional.)
+  // x8_data / x8_scale: x's rows in e4m3 already (fp8_linear's casts), or undefined.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const std::optional<at::Tensor>& bias, bool rowwise, bool fast_accum,
-                            const std::optional<at::Tensor>& w8_data_in, const std::optional<at::Tensor>& w8_scale_in) {
+                            const std::optional<at::Tensor>& w8_data_in, const std::optional<at::Tensor>& w8_scale_in,
+                            const std::optional<at::Tensor>& x8_data, const std::optional<at::Tensor>& x8_scale) {
     const at::Tensor b = bias.value_or(at::Tensor()), w8_data = w8_data_in.value_or(at::Tensor()),
                      w8_scale = w8_scale_in.value_or(at::Tensor());
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const Fp8Tensor x8 = to_fp8(x2, at::kFloat8_e4m3fn, rowwise);
+    const Fp8Tensor x8 = x8_data ? Fp8Tensor{*x8_data, *x8_scale}
+                                 : to_fp8(x.reshape({-1, x.size(-1)}), at::kFloat8_e4m3fn, rowwise);
     const Fp8Tensor w8 = w8_data.defined() ? Fp8Tensor{w8_data, w8_scale} : to_fp8(w, at::kFloat8_e4m3fn, rowwise);
     at::Tensor y = scaled_mm_nt(x8, w8, fast_accum);
     if (b.defined()) y = y + b.to(y.scalar_type());
     // Backward casts W again from W (the same bytes), or reads the given copy (which FSDP
-    // refills before the block's backward, as it refills W).
+    // refills before the block's backward, as it refills W; Fp8Casts keeps it for the step).
     ctx->save_for_backward({x8.data, x8.scale, w, w8_data, w8_scale});
     ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
@@ -83,7 +85,7 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     const at::Tensor dw = scaled_mm_nt(dyt8, xt8).to(w.scalar_type());
     at::Tensor db;
     if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0, false, at::kFloat).to(w.scalar_type());
-    return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -120,12 +122,51 @@ bool fp8_projection_weight(const std::string& name) {
   return rest == "ffn.0.weight" || rest == "ffn.2.weight";
 }
 
+Fp8Tensor Fp8Casts::weight(const at::Tensor& w, bool rowwise) {
+  at::NoGradGuard ng;
+  if (!weights_) return ++weight_casts, to_fp8(w, at::kFloat8_e4m3fn, rowwise);
+  auto it = weights_kept_.find(w.unsafeGetTensorImpl());
+  if (it != weights_kept_.end() && it->second.rowwise == rowwise) return ++weight_reuses, it->second.cast;
+  ++weight_casts;
+  Kept& k = weights_kept_[w.unsafeGetTensorImpl()];
+  k = Kept{w, rowwise, to_fp8(w, at::kFloat8_e4m3fn, rowwise)};
+  return k.cast;
+}
+
+Fp8Tensor Fp8Casts::input(const at::Tensor& x, const at::Tensor& x2, bool rowwise) {
+  at::NoGradGuard ng;
+  if (last_input_ && last_input_->lock().get() == x.unsafeGetTensorImpl() && x._version() == last_version_ &&
+      x.data_ptr() == last_data_ && rowwise == last_rowwise_)
+    return ++input_reuses, last_cast_;
+  ++input_casts;
+  last_cast_ = to_fp8(x2, at::kFloat8_e4m3fn, rowwise);
+  last_input_.emplace(x.getIntrusivePtr());
+  last_version_ = x._version(), last_data_ = x.data_ptr(), last_rowwise_ = rowwise;
+  return last_cast_;
+}
+
+void Fp8Casts::clear() {
+  weights_kept_.clear();
+  last_input_.reset();
+  last_cast_ = Fp8Tensor{};
+  last_data_ = nullptr;
+}
+
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool rowwise, bool fast_accum,
-                      const Fp8Tensor* w8) {
+                      const Fp8Tensor* w8, Fp8Casts* casts) {
   if (!fp8_eligible(w.size(1), w.size(0))) return at::linear(x, w, b);
   auto maybe = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  return Fp8Linear::apply(x, w, maybe(b), rowwise, fast_accum, w8 ? maybe(w8->data) : std::nullopt,
-                          w8 ? maybe(w8->scale) : std::nullopt);
+  std::optional<at::Tensor> w8_data, w8_scale, x8_data, x8_scale;
+  if (w8) w8_data = maybe(w8->data), w8_scale = maybe(w8->scale);
+  if (casts) {
+    if (!w8) {
+      const Fp8Tensor c = casts->weight(w, rowwise);
+      w8_data = c.data, w8_scale = c.scale;
+    }
+    const Fp8Tensor c = casts->input(x, x.reshape({-1, x.size(-1)}), rowwise);
+    x8_data = c.data, x8_scale = c.scale;
+  }
+  return Fp8Linear::apply(x, w, maybe(b), rowwise, fast_accum, w8_data, w8_scale, x8_data, x8_scale);
 }
 
 Fp8Reference fp8_linear_reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
@@ -147,11 +188,11 @@ Fp8Reference fp8_linear_reference(const at::Tensor& x, const at::Tensor& w, cons
   return r;
 }
 
-int64_t apply_fp8(DiTImpl& model, Precision precision, bool fast_accum) {
+int64_t apply_fp8(DiTImpl& model, Precision precision, bool fast_accum, std::shared_ptr<Fp8Casts> casts) {
   if (precision != Precision::fp8 && precision != Precision::fp8_rowwise) return 0;
   const bool rowwise = precision == Precision::fp8_rowwise;
-  const LinearFn fn = [rowwise, fast_accum](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-    return fp8_linear(x, w, b, rowwise, fast_accum);
+  const LinearFn fn = [rowwise, fast_accum, casts](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    return fp8_linear(x, w, b, rowwise, fast_accum, nullptr, casts.get());
   };
   for (const auto& m : *model.blocks) {
     auto& block = *m->as<DiTBlockImpl>();

@@ -32,6 +32,10 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <memory>
+#include <optional>
+#include <unordered_map>
+
 #include "core/config.h"
 #include "model/dit.h"
 
@@ -53,12 +57,50 @@ at::Tensor from_fp8(const Fp8Tensor& t);
 at::Tensor fp8_scale(const at::Tensor& amax, at::ScalarType dtype);
 at::Tensor fp8_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType dtype);
 
+// The casts fp8_linear reuses (train.fp8_reuse_casts). Casting is not free: each cast reads its
+// tensor several times and writes it twice, and unreused a weight is cast at every use (each
+// micro-batch, the recomputed forward, backward) and an input once per projection that reads it.
+//   weights  (when `weights`) a weight's cast is made at its first use and read by every later
+//            one until clear(): held meanwhile, 1 byte a weight. Its owner clears it whenever the
+//            weights may have changed (the trainer: before each step and after its update).
+//            Not for weights whose memory FSDP frees between uses.
+//   inputs   the last input's cast is read again while the same tensor, unchanged, comes next:
+//            q, k and v of self-attention read one input, k and v of cross-attention another.
+// The result is bitwise that of casting at every use.
+class Fp8Casts {
+ public:
+  explicit Fp8Casts(bool weights = true) : weights_(weights) {}
+  // W [out, in] in e4m3 with the recipe's scales.
+  Fp8Tensor weight(const at::Tensor& w, bool rowwise);
+  // x2 [rows, in] (the rows of `x`, the projection's input) in e4m3.
+  Fp8Tensor input(const at::Tensor& x, const at::Tensor& x2, bool rowwise);
+  void clear();
+  // Casts made and casts read again, since construction.
+  int64_t weight_casts = 0, weight_reuses = 0, input_casts = 0, input_reuses = 0;
+
+ private:
+  bool weights_;
+  struct Kept {
+    at::Tensor weight;  // keeps the key alive
+    bool rowwise;
+    Fp8Tensor cast;
+  };
+  std::unordered_map<const c10::TensorImpl*, Kept> weights_kept_;
+  // The last input: held weakly (a freed input is never mistaken for a new one at its address).
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> last_input_;
+  uint32_t last_version_ = 0;
+  const void* last_data_ = nullptr;
+  bool last_rowwise_ = false;
+  Fp8Tensor last_cast_;
+};
+
 // y = x W^T + b in FP8 with autograd (x [..., in], W [out, in], b [out] or undefined); bf16 out.
 // Falls back to at::linear when a width is not a multiple of 16. `w8`, when given, is W already
 // in e4m3 with the recipe's scales (FSDP's gathered copy): W's own values are then never read,
-// only its shape and dtype, and its gradient is still W's.
+// only its shape and dtype, and its gradient is still W's. `casts`: what may be reused (W's cast
+// when no `w8` is given, x's).
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool rowwise,
-                      bool fast_accum = false, const Fp8Tensor* w8 = nullptr);
+                      bool fast_accum = false, const Fp8Tensor* w8 = nullptr, Fp8Casts* casts = nullptr);
 // True when fp8_linear multiplies x [..., in] by W [out, in] in FP8.
 bool fp8_eligible(int64_t in, int64_t out);
 // True for the name of a weight apply_fp8 routes through fp8_linear ("blocks.3.ffn.0.weight"); it
@@ -73,7 +115,9 @@ Fp8Reference fp8_linear_reference(const at::Tensor& x, const at::Tensor& w, cons
                                   const at::Tensor& dy, bool rowwise);
 
 // Installs fp8_linear in every block's projections when `precision` is fp8 or fp8_rowwise
-// (nothing otherwise); returns how many projections multiply in FP8 (for the log).
-int64_t apply_fp8(DiTImpl& model, Precision precision, bool fast_accum = false);
+// (nothing otherwise), reusing `casts` when given; returns how many projections multiply in FP8
+// (for the log).
+int64_t apply_fp8(DiTImpl& model, Precision precision, bool fast_accum = false,
+                  std::shared_ptr<Fp8Casts> casts = nullptr);
 
 }  // namespace vidit

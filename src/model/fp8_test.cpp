@@ -13,6 +13,7 @@
 #include "loader/dataset.h"
 #include "model/attention_backend.h"
 #include "model/fp8.h"
+#include "parallel/plan.h"
 #include "core/precision.h"
 #include "train/trainer.h"
 
@@ -192,6 +193,108 @@ TEST(Fp8, TrainerRunsIt) {
   ASSERT_EQ(fp8.size(), 20u);
   EXPECT_NE(fp8, bf16);
   for (size_t i = 0; i < fp8.size(); ++i) EXPECT_NEAR(fp8[i], bf16[i], 0.02 * bf16[i]) << "step " << i + 1;
+}
+
+// Reused casts (train.fp8_reuse_casts): with every block recomputed, a step casts each FP8
+// weight once (not in the forward, the recomputed forward and backward) and self-attention's q,
+// k, v one input; the losses and gradients are bitwise those of casting at every use, step after
+// step, as long as the casts are cleared when the weights change. A cast kept across an update
+// would be stale: the output then differs.
+TEST(Fp8, ReusedCastsCastEachWeightOnceAStepAndChangeNothing) {
+  at::set_num_threads(1);
+  const Config c = test::tiny_config();
+  const int64_t layers = c.model.layers, projections = 10 * layers;
+  auto make = [&](std::shared_ptr<Fp8Casts> casts) {
+    torch::manual_seed(3);
+    DiT model(c.model);
+    model->init_weights();
+    torch::NoGradGuard ng;
+    model->head->head->weight.normal_(0, 0.1);  // (zero at init: no gradient would reach the blocks)
+    EXPECT_EQ(apply_fp8(*model, Precision::fp8_rowwise, true, std::move(casts)), projections);
+    model->recompute_blocks = -1;
+    return model;
+  };
+  auto casts = std::make_shared<Fp8Casts>();
+  DiT reused = make(casts), plain = make(nullptr);
+  torch::manual_seed(4);
+  const at::Tensor x = at::randn({2, 4, 2, 4, 4}), t = at::rand({2}) * 1000, text = at::randn({2, 4, 8});
+  auto forward = [&](DiT& m) {
+    AutocastGuard autocast(Precision::fp8_rowwise, at::kCPU);
+    return m->forward(x, t, text);
+  };
+  for (int step = 0; step < 3; ++step) {
+    casts->clear();
+    const Fp8Casts before = *casts;
+    at::Tensor a, b;
+    for (DiT* m : {&reused, &plain}) {
+      (*m)->zero_grad();
+      at::Tensor y = forward(*m);
+      (m == &reused ? a : b) = y.detach();
+      (y.to(at::kFloat).pow(2).mean()).backward();
+    }
+    EXPECT_TRUE(at::equal(a, b)) << "step " << step;
+    const auto pa = reused->named_parameters(), pb = plain->named_parameters();
+    for (const auto& item : pa) {
+      const at::Tensor& ga = item.value().grad();
+      const at::Tensor& gb = pb[item.key()].grad();
+      ASSERT_EQ(ga.defined(), gb.defined()) << item.key();
+      if (ga.defined()) EXPECT_TRUE(at::equal(ga, gb)) << "step " << step << " " << item.key();
+    }
+    // Once per weight; the recomputed forward reads them again. Per block and forward: self-
+    // attention casts one input for q, k, v and one for o, cross-attention q, one for k and v,
+    // and o, the MLP two: 7 casts, 3 reuses.
+    EXPECT_EQ(casts->weight_casts - before.weight_casts, projections) << "step " << step;
+    EXPECT_EQ(casts->weight_reuses - before.weight_reuses, projections) << "step " << step;
+    EXPECT_EQ(casts->input_casts - before.input_casts, 2 * 7 * layers) << "step " << step;
+    EXPECT_EQ(casts->input_reuses - before.input_reuses, 2 * 3 * layers) << "step " << step;
+    // The same update to both.
+    torch::NoGradGuard ng;
+    for (const auto& item : pa)
+      if (item.value().grad().defined()) {
+        item.value().sub_(item.value().grad(), 0.5);
+        pb[item.key()].sub_(pb[item.key()].grad(), 0.5);
+      }
+  }
+  // Not cleared after the last update: the casts kept are of the old weights.
+  casts->clear();
+  {
+    torch::NoGradGuard ng;
+    forward(reused);  // casts the weights as they are
+    for (const auto& item : reused->named_parameters())
+      if (fp8_projection_weight(item.key())) item.value().mul_(1.5), plain->named_parameters()[item.key()].mul_(1.5);
+    EXPECT_FALSE(at::equal(forward(reused), forward(plain))) << "a stale cast would go unnoticed";
+    casts->clear();
+    EXPECT_TRUE(at::equal(forward(reused), forward(plain)));
+  }
+}
+
+// The trainer reuses casts by default; with train.fp8_reuse_casts = false it casts at every use:
+// the same losses and weights bit for bit over steps of two micro-batches with every block
+// recomputed. The plan counts the casts the step holds (1 byte a weight).
+TEST(Fp8, TrainerReusingCastsTrainsBitwiseAsCastingAtEveryUse) {
+  at::set_num_threads(1);
+  auto config = [](bool reuse) {
+    return test::tiny_config({"train.precision=\"fp8\"", "train.steps=4", "train.grad_accum=2",
+                              "train.recompute_blocks=-1", std::string("train.fp8_reuse_casts=") + (reuse ? "true" : "false")});
+  };
+  auto run = [](const Config& c) {
+    auto t = std::make_unique<Trainer>(c, std::make_shared<SyntheticDataset>(c, 32, 11), at::zeros({c.model.text_len, c.model.text_dim}));
+    const std::vector<double> losses = t->fit(-1, false);
+    return std::make_pair(losses, std::move(t));
+  };
+  auto [with, a] = run(config(true));
+  auto [without, b] = run(config(false));
+  ASSERT_EQ(with.size(), 4u);
+  EXPECT_EQ(with, without);
+  const auto pb = b->model()->named_parameters();
+  for (const auto& item : a->model()->named_parameters())
+    EXPECT_TRUE(at::equal(item.value(), pb[item.key()])) << item.key();
+  double fp8_weights = 0;
+  for (const auto& item : a->model()->named_parameters())
+    if (fp8_projection_weight(item.key()) && fp8_eligible(item.value().size(1), item.value().size(0)))
+      fp8_weights += double(item.value().numel());
+  EXPECT_GT(fp8_weights, 0);
+  EXPECT_DOUBLE_EQ(plan_step(config(true)).weights - plan_step(config(false)).weights, fp8_weights);
 }
 
 // A pinned kernel is the one ATen runs; one the device lacks is an error naming the key.

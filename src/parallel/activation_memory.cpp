@@ -32,7 +32,10 @@ BlockActivations measure_block_activations(const Config& cfg, const at::Device& 
     DiT model(c);
     model->init_weights();
     model->to(device);
-    apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum);
+    // With the run's reused casts (kept across the forwards: the weights' casts are the plan's
+    // weights, not the block's activations).
+    apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum,
+              cfg.train.fp8_reuse_casts ? std::make_shared<Fp8Casts>(/*weights=*/true) : nullptr);
     models.push_back(model);
   }
   // `samples` samples of `tokens` tokens: one patch of frames, 16 rows of patches.

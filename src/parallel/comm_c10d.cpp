@@ -158,8 +158,11 @@ class C10dComm : public Comm {
   }
   void barrier() override {
     // A tiny all-reduce rather than Backend::barrier, whose NCCL form needs a device guess.
+    // On NCCL wait() only orders the current stream after it; reading the result back to the
+    // host is what holds this thread until every member has arrived.
     at::Tensor t = at::zeros({1}, options());
     all_reduce(t, ReduceOp::Sum)->wait();
+    (void)t.cpu();
   }
   std::shared_ptr<Comm> split(int color, int key) override {
     // Everyone learns every member's (color, key); the members of one color make a new group

@@ -61,6 +61,8 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   double P = 0, kept = 0, root = 0, block = 0;
   double block_fp8 = 0;  // of block: weights FSDP gathers in e4m3 (parallel.fp8_all_gather)
   double block_scales = 0;  // their scales, agreed over "shard" each forward
+  double block_fp8_cast = 0;  // of block: weights that multiply in FP8 (cast to e4m3 once a step)
+  const bool fp8 = cfg.train.precision == Precision::fp8 || cfg.train.precision == Precision::fp8_rowwise;
   const GatherOptions gather = gather_options(cfg);
   // The gradient norm (layout.h global_norms_by_part) all-reduces one double per (part of the
   // model, set of groups cut over) over each group in the set: counted per group.
@@ -82,8 +84,9 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
     kept += numel(l.local_shape());
     if (name.rfind("blocks.0.", 0) == 0) {
       block += part;
-      if (gather.fp8 && shape.size() == 2 && fp8_projection_weight(name) && fp8_eligible(shape[1], shape[0]))
-        block_fp8 += part, block_scales += gather.rowwise ? double(shape[0]) : 1;
+      const bool in_fp8 = fp8 && shape.size() == 2 && fp8_projection_weight(name) && fp8_eligible(shape[1], shape[0]);
+      if (in_fp8) block_fp8_cast += part;
+      if (gather.fp8 && in_fp8) block_fp8 += part, block_scales += gather.rowwise ? double(shape[0]) : 1;
     }
     else if (name.rfind("blocks.", 0) != 0) root += part;
   }
@@ -107,7 +110,9 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
 
   // Memory.
   // fp32 shards, and each FP8 weight's shard cast to e4m3 once per forward (1 byte a weight).
-  plan.weights = 4 * kept + (gather.fp8 && p.shard > 1 ? block_fp8 * double(m.layers) / S : 0);
+  // Weights held whole keep their e4m3 casts for the step instead (train.fp8_reuse_casts).
+  plan.weights = 4 * kept + (gather.fp8 && p.shard > 1 ? block_fp8 * double(m.layers) / S : 0) +
+                 (cfg.train.fp8_reuse_casts && p.shard <= 1 ? block_fp8_cast * double(m.layers) : 0);
   plan.grads = 4 * kept;
   plan.optimizer = 8 * kept;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include <torch/cuda.h>
 
@@ -85,7 +86,7 @@ bool CheckpointWriter::finished() const {
 TensorMap snapshot(const TensorMap& from, TensorMap& buffers) {
   TensorMap out;
   at::NoGradGuard ng;
-  bool from_gpu = false;
+  std::set<int> gpus;  // the devices copied from
   for (const auto& [key, t] : from) {
     at::Tensor& b = buffers[key];
     if (!b.defined() || b.sizes() != t.sizes() || b.scalar_type() != t.scalar_type())
@@ -93,10 +94,10 @@ TensorMap snapshot(const TensorMap& from, TensorMap& buffers) {
     // From a GPU into pinned memory the copies are queued back to back on the stream, and one
     // wait below covers them all.
     b.copy_(t.detach(), /*non_blocking=*/t.is_cuda() && b.is_pinned());
-    from_gpu = from_gpu || t.is_cuda();
+    if (t.is_cuda()) gpus.insert(t.get_device());
     out[key] = b;
   }
-  if (from_gpu) torch::cuda::synchronize();
+  for (int gpu : gpus) torch::cuda::synchronize(gpu);
   return out;
 }
 

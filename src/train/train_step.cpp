@@ -34,6 +34,7 @@ StepResult Trainer::step() {
   const double lr = lr_scale_ * learning_rate(step_, tc.steps, tc.lr, tc.warmup_steps, tc.schedule, tc.min_lr_ratio);
 
   for (const auto& [name, p] : pm_->params()) at::Tensor(p).mutable_grad() = at::Tensor();
+  if (fp8_casts_) fp8_casts_->clear();  // the weights may have changed since (a load, a fault)
   double loss_sum = 0, flops = 0, data_wait = 0;
   int64_t samples = 0, tokens = 0;
   StepSamples mine;  // each real sample's own loss, sigma and identity (spike detection)
@@ -155,6 +156,7 @@ StepResult Trainer::step() {
     opt_->step(lr);
     if (ema_) ema_->update(pm_->params());
   }
+  if (fp8_casts_) fp8_casts_->clear();  // not held between steps
   ++step_;
   watchdog_->beat("training", step_);
 

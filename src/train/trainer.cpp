@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/gpu_events.h"
 #include "core/peak_flops.h"
 #include "core/precision.h"
 #include "core/storage.h"
@@ -72,6 +73,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       stragglers_(cfg.train.straggler_threshold, cfg.train.straggler_patience),
       spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
+  if (device_.is_cuda() && device_.has_index()) use_gpu(device_.index());
   torch::manual_seed(cfg.train.seed);
   DiT model(cfg.model);
   model->init_weights();
@@ -79,7 +81,12 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
     load_state_dict(*model, read_weights(cfg.train.init_from), cfg.train.init_from);
   model->to(device_);
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
-  const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum);
+  // Reused casts: each weight's for the step only where the rank holds its weights whole
+  // (FSDP's shards have their e4m3 copies gathered, or are freed between uses).
+  if (cfg.train.fp8_reuse_casts &&
+      (cfg.train.precision == Precision::fp8 || cfg.train.precision == Precision::fp8_rowwise))
+    fp8_casts_ = std::make_shared<Fp8Casts>(/*weights=*/cfg.parallel.shard <= 1);
+  const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum, fp8_casts_);
   select_attention_backend(cfg.train.attention_backend, device_);
   {
     const ParallelConfig& p = cfg.parallel;

@@ -34,6 +34,7 @@
 #include "resilience/fault_injection.h"
 #include "resilience/watchdog.h"
 #include "model/dit.h"
+#include "model/fp8.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
 #include "train/checkpoint_writer.h"
@@ -128,6 +129,9 @@ class Trainer {
   at::Device device_;
   std::shared_ptr<const Mesh> mesh_;
   std::unique_ptr<ParallelModel> pm_;
+  // The FP8 casts reused within a step (train.fp8_reuse_casts; model/fp8.h), cleared before
+  // each step and after its update; null when off or not FP8.
+  std::shared_ptr<Fp8Casts> fp8_casts_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<EMA> ema_;
   at::Generator gen_;  // timesteps, noise, caption dropout

@@ -124,7 +124,6 @@ bool fp8_projection_weight(const std::string& name) {
 
 Fp8Tensor Fp8Casts::weight(const at::Tensor& w, bool rowwise) {
   at::NoGradGuard ng;
-  if (!weights_) return ++weight_casts, to_fp8(w, at::kFloat8_e4m3fn, rowwise);
   auto it = weights_kept_.find(w.unsafeGetTensorImpl());
   if (it != weights_kept_.end() && it->second.rowwise == rowwise) return ++weight_reuses, it->second.cast;
   ++weight_casts;
@@ -159,7 +158,9 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   std::optional<at::Tensor> w8_data, w8_scale, x8_data, x8_scale;
   if (w8) w8_data = maybe(w8->data), w8_scale = maybe(w8->scale);
   if (casts) {
-    if (!w8) {
+    // (Unkept, W is cast in the forward and again in backward: a cast saved for backward would
+    // hold every weight FSDP frees between uses.)
+    if (!w8 && casts->keeps_weights()) {
       const Fp8Tensor c = casts->weight(w, rowwise);
       w8_data = c.data, w8_scale = c.scale;
     }
@@ -189,7 +190,7 @@ Fp8Reference fp8_linear_reference(const at::Tensor& x, const at::Tensor& w, cons
 }
 
 int64_t apply_fp8(DiTImpl& model, Precision precision, bool fast_accum, std::shared_ptr<Fp8Casts> casts) {
-  if (precision != Precision::fp8 && precision != Precision::fp8_rowwise) return 0;
+  if (!uses_fp8(precision)) return 0;
   const bool rowwise = precision == Precision::fp8_rowwise;
   const LinearFn fn = [rowwise, fast_accum, casts](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     return fp8_linear(x, w, b, rowwise, fast_accum, nullptr, casts.get());

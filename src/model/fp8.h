@@ -70,7 +70,9 @@ at::Tensor fp8_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType
 class Fp8Casts {
  public:
   explicit Fp8Casts(bool weights = true) : weights_(weights) {}
-  // W [out, in] in e4m3 with the recipe's scales.
+  // True when weights' casts are kept (fp8_linear asks weight() only then).
+  bool keeps_weights() const { return weights_; }
+  // W [out, in] in e4m3 with the recipe's scales, kept from its first use.
   Fp8Tensor weight(const at::Tensor& w, bool rowwise);
   // x2 [rows, in] (the rows of `x`, the projection's input) in e4m3.
   Fp8Tensor input(const at::Tensor& x, const at::Tensor& x2, bool rowwise);
@@ -101,6 +103,8 @@ class Fp8Casts {
 // when no `w8` is given, x's).
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool rowwise,
                       bool fast_accum = false, const Fp8Tensor* w8 = nullptr, Fp8Casts* casts = nullptr);
+// True for the precisions whose blocks' projections multiply in FP8 ("fp8", "fp8_rowwise").
+inline bool uses_fp8(Precision p) { return p == Precision::fp8 || p == Precision::fp8_rowwise; }
 // True when fp8_linear multiplies x [..., in] by W [out, in] in FP8.
 bool fp8_eligible(int64_t in, int64_t out);
 // True for the name of a weight apply_fp8 routes through fp8_linear ("blocks.3.ffn.0.weight"); it

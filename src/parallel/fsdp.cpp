@@ -57,7 +57,7 @@ GatherOptions gather_options(const Config& cfg) {
   GatherOptions g;
   g.dtype = cfg.parallel.gather_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
   const Precision p = cfg.train.precision;
-  g.fp8 = (p == Precision::fp8 || p == Precision::fp8_rowwise) && cfg.parallel.fp8_all_gather;
+  g.fp8 = uses_fp8(p) && cfg.parallel.fp8_all_gather;
   g.rowwise = p == Precision::fp8_rowwise;
   g.fast_accum = cfg.train.fp8_fast_accum;
   return g;

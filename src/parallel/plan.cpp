@@ -62,7 +62,7 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   double block_fp8 = 0;  // of block: weights FSDP gathers in e4m3 (parallel.fp8_all_gather)
   double block_scales = 0;  // their scales, agreed over "shard" each forward
   double block_fp8_cast = 0;  // of block: weights that multiply in FP8 (cast to e4m3 once a step)
-  const bool fp8 = cfg.train.precision == Precision::fp8 || cfg.train.precision == Precision::fp8_rowwise;
+  const bool fp8 = uses_fp8(cfg.train.precision);
   const GatherOptions gather = gather_options(cfg);
   // The gradient norm (layout.h global_norms_by_part) all-reduces one double per (part of the
   // model, set of groups cut over) over each group in the set: counted per group.

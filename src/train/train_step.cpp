@@ -12,6 +12,7 @@
 #include "core/gpu_events.h"
 #include "core/trace.h"
 #include "diffusion/flow_matching.h"
+#include "model/fp8.h"
 #include "core/precision.h"
 #include "train/schedule.h"
 #include "train/trainer.h"

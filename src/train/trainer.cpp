@@ -83,8 +83,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
   // Reused casts: each weight's for the step only where the rank holds its weights whole
   // (FSDP's shards have their e4m3 copies gathered, or are freed between uses).
-  if (cfg.train.fp8_reuse_casts &&
-      (cfg.train.precision == Precision::fp8 || cfg.train.precision == Precision::fp8_rowwise))
+  if (cfg.train.fp8_reuse_casts && uses_fp8(cfg.train.precision))
     fp8_casts_ = std::make_shared<Fp8Casts>(/*weights=*/cfg.parallel.shard <= 1);
   const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum, fp8_casts_);
   select_attention_backend(cfg.train.attention_backend, device_);

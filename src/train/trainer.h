@@ -34,7 +34,6 @@
 #include "resilience/fault_injection.h"
 #include "resilience/watchdog.h"
 #include "model/dit.h"
-#include "model/fp8.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
 #include "train/checkpoint_writer.h"
@@ -42,6 +41,8 @@
 #include "train/metrics.h"
 
 namespace vidit {
+
+class Fp8Casts;  // model/fp8.h
 
 struct StepResult {
   int64_t step = 0;       // steps completed after this one

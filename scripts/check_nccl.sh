@@ -14,7 +14,8 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUILD_DIR=${BUILD_DIR:-build}
-PY=${PYTHON:-python3}
+source scripts/python_env.sh
+PY=$PYTHON
 if [[ "${VIDIT_SKIP_NCCL_CHECK:-0}" == 1 ]]; then
   echo "check_nccl: skipped (VIDIT_SKIP_NCCL_CHECK=1)"
   exit 0

@@ -77,6 +77,7 @@ void visit(C& c, F&& f) {
   { const char* section = "diffusion"; auto& s = c.diffusion; VIDIT_DIFFUSION_KEYS(VIDIT_VISIT) }
   { const char* section = "train"; auto& s = c.train; VIDIT_TRAIN_KEYS(VIDIT_VISIT) }
   { const char* section = "sample"; auto& s = c.sample; VIDIT_SAMPLE_KEYS(VIDIT_VISIT) }
+  { const char* section = "text"; auto& s = c.text; VIDIT_TEXT_KEYS(VIDIT_VISIT) }
   { const char* section = "demo"; auto& s = c.demo; VIDIT_DEMO_KEYS(VIDIT_VISIT) }
   { const char* section = "parallel"; auto& s = c.parallel; VIDIT_PARALLEL_KEYS(VIDIT_VISIT) }
   { const char* section = "faults"; auto& s = c.faults; VIDIT_FAULT_KEYS(VIDIT_VISIT) }

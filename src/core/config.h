@@ -61,6 +61,8 @@ VIDIT_CONFIG_ENUM(SpikeAction, off, log, skip, rollback)
 VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 // diffusion.timestep_sampling of sigma.
 VIDIT_CONFIG_ENUM(TimestepSampling, uniform, logit_normal)
+// sample.solver: UniPC multistep (Wan's default) or Euler, both on the flow-matching sigmas.
+VIDIT_CONFIG_ENUM(Solver, unipc, euler)
 #undef VIDIT_CONFIG_ENUM
 
 // The spelling of an enum value ("auto" for `automatic`), and the value of a spelling.
@@ -245,10 +247,27 @@ using NumList = std::vector<double>;
       "weights to start from: a .safetensors file or a folder of shards (e.g. Wan 2.1); \"\" = random init")
 
 #define VIDIT_SAMPLE_KEYS(KEY)                                                                         \
-  KEY(int64_t, steps, 30, positive, "Euler steps from sigma = 1 to 0")                                 \
-  KEY(double, shift, 3.0, positive, "sigma schedule shift at sampling")                                \
+  KEY(Solver, solver, Solver::euler, any,                                                              \
+      "\"euler\" or \"unipc\" (UniPC multistep, order 2, bh2, flow prediction: Wan's sampler), from sigma = 1 to 0") \
+  KEY(int64_t, steps, 30, positive, "solver steps from sigma = 1 to 0 (Wan: 50)")                     \
+  KEY(double, shift, 3.0, positive, "sigma schedule shift at sampling (Wan: 3.0 at 480p, 5.0 at 720p)") \
   KEY(double, cfg_scale, 5.0, any, "classifier-free guidance scale; 1 disables")                       \
+  KEY(std::string, negative_prompt, "", any,                                                           \
+      "the prompt guidance steers away from; \"\": the null (empty-prompt) embedding (the Wan configs set Wan's own)") \
+  KEY(double, fps, 16.0, positive, "frame rate of the videos written (Wan 2.1: 16)")                   \
   KEY(uint64_t, seed, 1, any, "seed of the sampled noise")
+
+// The umT5 text encoder (src/text/): captions to the DiT's context, in C++.
+#define VIDIT_TEXT_KEYS(KEY)                                                                           \
+  KEY(std::string, encoder, "", any,                                                                   \
+      "umT5 encoder weights: a Hugging Face / diffusers text_encoder folder (config.json and safetensors, " \
+      "sharded with an index) or a diffusers pipeline folder; \"\" = no umT5 (data.text_encoder decides)") \
+  KEY(std::string, tokenizer, "", any,                                                                 \
+      "SentencePiece model (spiece.model) or tokenizer.json, or a folder holding one; \"\" = found beside " \
+      "text.encoder (its folder, or the pipeline's tokenizer/)")                                         \
+  KEY(Precision, dtype, Precision::bf16, fp32_or_bf16, "the encoder's weights and compute: \"bf16\" or \"fp32\"") \
+  KEY(DeviceChoice, device, DeviceChoice::automatic, any, "where the encoder runs: \"auto\" (CUDA when present), \"cpu\", \"cuda\"") \
+  KEY(int64_t, batch_size, 16, positive, "captions encoded together (sorted by length, so a batch pads little)")
 
 #define VIDIT_DEMO_KEYS(KEY)                                                                           \
   KEY(int64_t, videos, 192, positive, "training clips generated")                                      \
@@ -310,6 +329,7 @@ struct BucketConfig { VIDIT_BUCKET_KEYS(VIDIT_CONFIG_FIELD) };
 struct DiffusionConfig { VIDIT_DIFFUSION_KEYS(VIDIT_CONFIG_FIELD) };
 struct TrainConfig { VIDIT_TRAIN_KEYS(VIDIT_CONFIG_FIELD) };
 struct SampleConfig { VIDIT_SAMPLE_KEYS(VIDIT_CONFIG_FIELD) };
+struct TextConfig { VIDIT_TEXT_KEYS(VIDIT_CONFIG_FIELD) };
 struct DemoConfig { VIDIT_DEMO_KEYS(VIDIT_CONFIG_FIELD) };
 struct ParallelConfig { VIDIT_PARALLEL_KEYS(VIDIT_CONFIG_FIELD) };
 struct FaultConfig { VIDIT_FAULT_KEYS(VIDIT_CONFIG_FIELD) };
@@ -322,6 +342,7 @@ struct Config {
   DiffusionConfig diffusion;
   TrainConfig train;
   SampleConfig sample;
+  TextConfig text;
   DemoConfig demo;
   ParallelConfig parallel;
   FaultConfig faults;

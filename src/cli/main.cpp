@@ -1,9 +1,11 @@
-// `vidit`: one binary, subcommands train | sample | info | plan | demo | prepare. Every subcommand
+// `vidit`: one binary, subcommands train | sample | info | plan | demo | prepare | encode-text. Every subcommand
 // takes --config FILE (TOML; defaults are the embedded demo) and repeated --set section.key=value.
 #include <torch/cuda.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
 #include <cstdio>
@@ -39,6 +41,9 @@
 #include "resilience/fault_injection.h"
 #include "resilience/run_lock.h"
 #include "resilience/stop_signal.h"
+#include "text/text_encoder.h"
+#include "pipeline/wan_pipeline.h"
+#include "model/weight_layout.h"
 #include "parallel/plan.h"
 #include "parallel/step_time.h"
 #include "model/model_info.h"
@@ -321,9 +326,88 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
   return 0;
 }
 
-int cmd_sample(const CommonOpts& o, std::string checkpoint, const std::vector<std::string>& prompts,
-               const std::string& out_dir, bool use_ema) {
+// What `vidit sample` is asked for beyond the config.
+struct SampleArgs {
+  std::string checkpoint, out = "samples", weights, text_encoder, tokenizer, vae, negative_prompt, size;
+  std::vector<std::string> prompts;
+  bool use_ema = true, negative_given = false;
+  int64_t frames = 0;
+  int64_t seed = -1;
+};
+
+// Wan sampling (pipeline/wan_pipeline.h): from a release (--weights) or a vidit checkpoint, with
+// umT5 captions and the Wan VAE decoder, one MP4 per prompt.
+int sample_wan(Config cfg, const SampleArgs& a) {
+  WanWeights w;
+  w.text_encoder = !a.text_encoder.empty() ? a.text_encoder : cfg.text.encoder;
+  w.tokenizer = !a.tokenizer.empty() ? a.tokenizer : cfg.text.tokenizer;
+  w.vae = !a.vae.empty() ? a.vae : cfg.data.vae_weights;
+  TensorMap transformer;
+  std::string source;
+  if (!a.weights.empty()) {
+    w.fill_from(a.weights);
+    cfg.model = read_transformer_config(w.transformer);  // the release's shape, whatever the config says
+    source = w.transformer;
+  } else {
+    std::string checkpoint = a.checkpoint;
+    if (checkpoint.empty()) {
+      auto latest = latest_checkpoint(cfg.train.out_dir);
+      VIDIT_CHECK(latest, "no checkpoint under '", cfg.train.out_dir, "/checkpoints' and no --weights: train first, "
+                  "or pass --checkpoint DIR or --weights DIR");
+      checkpoint = *latest;
+    }
+    CheckpointState s = load_checkpoint(checkpoint);
+    const bool ema = a.use_ema && !s.ema.empty();
+    transformer = ema ? s.ema : s.model;
+    source = checkpoint + (ema ? " (EMA weights)" : " (raw weights)");
+    w.transformer = checkpoint;
+  }
+  w.require_all();
+  VideoRequest r;
+  r.frames = a.frames > 0 ? a.frames : 81;
+  if (!a.size.empty()) {
+    const auto x = a.size.find('x');
+    VIDIT_CHECK(x != std::string::npos, "--size '", a.size, "': give WIDTHxHEIGHT, e.g. 832x480");
+    r.width = std::stoll(a.size.substr(0, x)), r.height = std::stoll(a.size.substr(x + 1));
+  }
+  r.seed = a.seed >= 0 ? uint64_t(a.seed) : cfg.sample.seed;
+  // The negative prompt: --negative-prompt, else sample.negative_prompt, else with a Wan release
+  // Wan's own default (configs/wan2.1-*.toml carry it too).
+  r.negative_prompt = a.negative_given ? a.negative_prompt
+                      : !cfg.sample.negative_prompt.empty() ? cfg.sample.negative_prompt
+                      : !a.weights.empty()                  ? std::string(kWanNegativePrompt)
+                                                            : std::string();
+  const at::Device device = train_device(cfg, detect_launch_env());
+  const bool one_file = a.prompts.size() == 1 && a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".mp4";
+  std::printf("sampling %zu prompt(s): %s, %lld frames at %lldx%lld, %s %lld steps, shift %g, guidance %g, on %s\n",
+              a.prompts.size(), source.c_str(), (long long)r.frames, (long long)r.width, (long long)r.height,
+              name_of(cfg.sample.solver).c_str(), (long long)cfg.sample.steps, cfg.sample.shift, cfg.sample.cfg_scale,
+              device.str().c_str());
+  for (size_t i = 0; i < a.prompts.size(); ++i) {
+    r.prompt = a.prompts[i];
+    VideoResult v = generate_video(cfg, w, r, device, transformer);
+    std::string path = a.out;
+    if (!one_file) {
+      std::string name = a.prompts[i].substr(0, 60);
+      for (char& c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      path = a.out + "/" + std::to_string(i) + "_" + name + ".mp4";
+    }
+    write_video(path, v.frames, cfg.sample.fps);
+    std::printf("wrote %s (%lld frames, %g fps)", path.c_str(), (long long)v.frames.size(0), cfg.sample.fps);
+    for (const auto& ph : v.phases)
+      std::printf("; %s %.1f s, peak %.2f GiB", ph.name.c_str(), ph.seconds, ph.peak_bytes / double(1ll << 30));
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int cmd_sample(const CommonOpts& o, const SampleArgs& a) {
   Config cfg = load_config(o.config, o.sets);
+  // Wan sampling when a release, a text encoder or the Wan VAE's latents are involved.
+  if (!a.weights.empty() || !a.text_encoder.empty() || !cfg.text.encoder.empty() || cfg.data.codec == Codec::wan_vae)
+    return sample_wan(cfg, a);
+  std::string checkpoint = a.checkpoint;
   if (checkpoint.empty()) {
     auto latest = latest_checkpoint(cfg.train.out_dir);
     VIDIT_CHECK(latest, "no checkpoint under '", cfg.train.out_dir,
@@ -332,17 +416,17 @@ int cmd_sample(const CommonOpts& o, std::string checkpoint, const std::vector<st
   }
   CheckpointState s = load_checkpoint(checkpoint);
   DiT model(cfg.model);
-  const bool ema = use_ema && !s.ema.empty();
+  const bool ema = a.use_ema && !s.ema.empty();
   load_state_dict(*model, ema ? s.ema : s.model, checkpoint + (ema ? "/ema.safetensors" : "/model.safetensors"));
-  VIDIT_CHECK(cfg.data.source == DataSource::demo, "vidit sample: text prompts need the demo's caption embedder "
-              "(data.source = \"demo\"); precomputed text embeddings come with the data pipeline");
-  VIDIT_CHECK(!prompts.empty(), "vidit sample: give at least one --prompt \"a red square moving left\"");
-  auto clips = demo::sample_captions(model, cfg, prompts, cfg.sample.seed);
-  std::filesystem::create_directories(out_dir);
+  VIDIT_CHECK(cfg.data.source == DataSource::demo, "vidit sample: text prompts need a text encoder: the demo's "
+              "caption embedder (data.source = \"demo\"), or umT5 (--text-encoder DIR / text.encoder, or --weights DIR)");
+  VIDIT_CHECK(!a.prompts.empty(), "vidit sample: give at least one --prompt \"a red square moving left\"");
+  auto clips = demo::sample_captions(model, cfg, a.prompts, cfg.sample.seed);
+  std::filesystem::create_directories(a.out);
   for (size_t i = 0; i < clips.size(); ++i) {
-    std::string name = prompts[i];
+    std::string name = a.prompts[i];
     std::replace(name.begin(), name.end(), ' ', '_');
-    std::string path = out_dir + "/" + std::to_string(i) + "_" + name + ".mp4";
+    std::string path = a.out + "/" + std::to_string(i) + "_" + name + ".mp4";
     encode_video_mp4(path, clips[i], 8.0, 10, 4);
     std::printf("wrote %s (step %lld, %s weights)\n", path.c_str(), (long long)s.step, ema ? "EMA" : "raw");
   }
@@ -385,6 +469,61 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
               r.merged ? ".jsonl" : "/");
   for (const auto& [b, k] : r.per_bucket) std::printf("  bucket %-14s %lld samples\n", b.c_str(), (long long)k);
   if (r.merged) std::printf("index merged: %s/index.jsonl\n", cfg.data.cache_dir.c_str());
+  return 0;
+}
+
+// vidit encode-text: captions -> umT5 (Wan's text encoder) -> one safetensors file holding
+// text_embedding [B, text_len, d] fp32 (zeros after each caption's tokens) and lengths [B] int64
+// (real tokens, EOS included); the captions go in the file's metadata.
+int cmd_encode_text(const CommonOpts& o, const std::string& encoder, const std::string& tokenizer, int64_t text_len,
+                    const std::vector<std::string>& captions, const std::string& out) {
+  Config cfg = load_config(o.config, o.sets);
+  text::TextEncoderOptions opts = text::text_encoder_options(cfg);
+  if (!encoder.empty()) opts.encoder = encoder;
+  if (!tokenizer.empty()) opts.tokenizer = tokenizer;
+  if (text_len > 0) opts.text_len = text_len;
+  text::TextEncoder te(opts);
+  const auto t0 = std::chrono::steady_clock::now();
+  const text::EncodedCaptions e = te.encode_captions(captions);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json meta_captions = captions;
+  save_safetensors(out, {{"text_embedding", e.embedding}, {"lengths", at::tensor(e.lengths, at::kLong)}},
+                   {{"captions", meta_captions.dump()}, {"text_len", std::to_string(opts.text_len)},
+                    {"encoder", opts.encoder}});
+  std::printf("%s: text_embedding [%lld, %lld, %lld] from %s (%s, %s) in %.2f s\n", out.c_str(),
+              (long long)captions.size(), (long long)opts.text_len, (long long)te.dim(), opts.encoder.c_str(),
+              opts.dtype == at::kFloat ? "fp32" : "bf16", opts.device.str().c_str(), seconds);
+  for (size_t i = 0; i < captions.size(); ++i)
+    if (e.truncated[i])
+      std::printf("  caption %zu cut to %lld tokens (raise --text-len to keep it whole)\n", i, (long long)opts.text_len);
+  return 0;
+}
+
+// vidit export: a checkpoint (or a run's newest) to a folder diffusers or Wan's own code opens:
+// the transformer's EMA weights (or --raw), put back together from however many ranks saved
+// them, with the config.json of the layout. The model shape comes from the checkpoint's config.
+int cmd_export(const std::string& format, const std::string& from, const std::string& out, bool use_ema,
+               double shard_gb) {
+  namespace fs = std::filesystem;
+  std::string checkpoint = from;
+  if (fs::is_directory(fs::path(from) / "checkpoints")) {
+    auto latest = latest_checkpoint(from);
+    VIDIT_CHECK(latest, "vidit export: the run '", from, "' has no committed checkpoint under checkpoints/");
+    checkpoint = *latest;
+  }
+  VIDIT_CHECK(fs::exists(fs::path(checkpoint) / "meta.json"), "vidit export: '", from, "' is neither a run folder "
+              "(with checkpoints/) nor a checkpoint (with meta.json)");
+  CheckpointState s = load_checkpoint(checkpoint);
+  const Config cfg = parse_config(s.config_toml, checkpoint + "/meta.json");
+  const bool ema = use_ema && !s.ema.empty();
+  const TensorMap& weights = ema ? s.ema : s.model;
+  const uint64_t shard = uint64_t(shard_gb * 1e9);
+  if (format == "diffusers")
+    write_diffusers_transformer(weights, cfg.model, out, shard);
+  else
+    write_wan_transformer(weights, cfg.model, out, shard);
+  std::printf("exported %s (step %lld, %s weights) to %s in the %s layout\n", checkpoint.c_str(), (long long)s.step,
+              ema ? "EMA" : "raw", out.c_str(), format.c_str());
   return 0;
 }
 
@@ -468,10 +607,8 @@ int main(int argc, char** argv) {
   CLI::App app{"vidit: train video Diffusion Transformers with flow matching"};
   app.require_subcommand(1);
   CommonOpts o;
-  bool resume = false, use_ema = true;
+  bool resume = false;
   int64_t max_steps = -1;
-  std::string checkpoint, out_dir = "samples";
-  std::vector<std::string> prompts;
 
   auto* info = app.add_subcommand("info", "parameters, FLOPs per sample and training memory of a config");
   add_common(info, o);
@@ -497,12 +634,24 @@ int main(int argc, char** argv) {
   bool resume_flag = false;
   train->add_flag("--resume", resume_flag, "the default (kept for scripts that pass it)");
   train->add_option("--max-steps", max_steps, "stop after this step (the schedule still uses train.steps)");
-  auto* sample = app.add_subcommand("sample", "generate videos from a checkpoint");
+  SampleArgs sa;
+  auto* sample = app.add_subcommand("sample", "generate videos: from a Wan release (--weights) or a checkpoint");
   add_common(sample, o);
-  sample->add_option("--checkpoint", checkpoint, "checkpoint directory (default: latest in train.out_dir)");
-  sample->add_option("-p,--prompt", prompts, "caption to generate (repeatable)");
-  sample->add_option("-o,--out", out_dir, "output folder for the MP4 files");
-  sample->add_flag("!--raw", use_ema, "use the raw weights instead of the EMA weights");
+  sample->add_option("--checkpoint", sa.checkpoint, "checkpoint directory (default: latest in train.out_dir)");
+  sample->add_option("--weights", sa.weights, "a Wan 2.1 release: a diffusers pipeline folder or an official one "
+                                              "(transformer, umT5, tokenizer and VAE from it)");
+  sample->add_option("--text-encoder", sa.text_encoder, "umT5 weights (default: text.encoder, else from --weights)");
+  sample->add_option("--tokenizer", sa.tokenizer, "spiece.model or its folder (default: beside the text encoder)");
+  sample->add_option("--vae", sa.vae, "Wan 2.1 VAE safetensors (default: data.vae_weights, else from --weights)");
+  sample->add_option("-p,--prompt", sa.prompts, "caption to generate (repeatable)")->required();
+  sample->add_option("--negative-prompt", sa.negative_prompt, "what guidance steers away from (default: "
+                     "sample.negative_prompt; with --weights, Wan's own)")
+      ->each([&](const std::string&) { sa.negative_given = true; });
+  sample->add_option("--frames", sa.frames, "frames per video, 1 + 4k (Wan: 81)")->check(CLI::PositiveNumber);
+  sample->add_option("--size", sa.size, "WIDTHxHEIGHT, multiples of 16 (Wan: 832x480 or 1280x720)");
+  sample->add_option("--seed", sa.seed, "noise seed (default: sample.seed)");
+  sample->add_option("-o,--out", sa.out, "output: a folder, or a .mp4 file for one prompt");
+  sample->add_flag("!--raw", sa.use_ema, "use the raw weights instead of the EMA weights");
   int worker = 0, workers = 0;
   bool merge_only = false, verify = false;
   auto* prepare = app.add_subcommand("prepare", "decode, bucket and encode the manifest's videos into the latent cache");
@@ -533,6 +682,31 @@ int main(int argc, char** argv) {
   auto* doctor = app.add_subcommand("doctor", "what happened in a run: restarts, skipped steps, spikes, stragglers, "
                                               "corruption, and the hosts worth a look");
   doctor->add_option("run_dir", doctor_dir, "the run's train.out_dir")->required();
+  std::string text_encoder_dir, tokenizer_path, embedding_out;
+  int64_t text_len = 0;
+  std::vector<std::string> captions;
+  auto* encode_text = app.add_subcommand("encode-text", "embed captions with umT5 (Wan's text encoder) into a "
+                                                        "safetensors file (text_embedding [B, text_len, d], lengths)");
+  add_common(encode_text, o);
+  encode_text->add_option("--text-encoder", text_encoder_dir, "umT5 weights: a text_encoder folder, a diffusers "
+                                                              "pipeline folder or a weight file (default: text.encoder)");
+  encode_text->add_option("--tokenizer", tokenizer_path, "spiece.model or its folder (default: text.tokenizer, else "
+                                                         "found beside the encoder)");
+  encode_text->add_option("--text-len", text_len, "tokens per caption (default: model.text_len; Wan: 512)")
+      ->check(CLI::PositiveNumber);
+  encode_text->add_option("captions", captions, "captions to embed (\"\" is the null prompt)")->required();
+  encode_text->add_option("-o,--out", embedding_out, "output .safetensors file")->required();
+  std::string export_format = "diffusers", export_from, export_out;
+  bool export_ema = true;
+  double export_shard_gb = 10;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's transformer as a folder diffusers "
+                                           "(WanTransformer3DModel.from_pretrained) or Wan's code opens");
+  exp->add_option("--format", export_format, "diffusers or wan")->check(CLI::IsMember({"diffusers", "wan"}));
+  exp->add_option("from", export_from, "a run folder (its newest checkpoint) or a checkpoint folder")->required();
+  exp->add_option("out", export_out, "the folder to write (must not exist, or be empty)")->required();
+  exp->add_flag("!--raw", export_ema, "export the raw weights instead of the EMA weights");
+  exp->add_option("--shard-gb", export_shard_gb, "largest safetensors file, in GB (diffusers' default: 10)")
+      ->check(CLI::PositiveNumber);
   auto* demo = app.add_subcommand("demo", "the embedded end-to-end demo: make videos, train, sample, check");
   add_common(demo, o);
   demo->add_flag("--resume", resume, "continue from the latest checkpoint in train.out_dir");
@@ -543,13 +717,16 @@ int main(int argc, char** argv) {
     if (keys->parsed()) return std::printf("%s", config_reference().c_str()) < 0;
     if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib, plan_measure, plan_rates);
     if (train->parsed()) return cmd_train(o, fresh, max_steps);
-    if (sample->parsed()) return cmd_sample(o, checkpoint, prompts, out_dir, use_ema);
+    if (sample->parsed()) return cmd_sample(o, sa);
+    if (exp->parsed()) return cmd_export(export_format, export_from, export_out, export_ema, export_shard_gb);
     if (demo->parsed()) return cmd_demo(o, resume);
     if (verify_ckpt->parsed()) return cmd_verify(ckpt_a);
     if (health->parsed()) return cmd_health(o, exclude_file, checks);
     if (doctor->parsed()) return std::printf("%s", doctor_report(doctor_dir).c_str()) < 0;
     if (compare_ckpt->parsed()) return cmd_compare(ckpt_a, ckpt_b);
     if (prepare->parsed()) return cmd_prepare(o, worker, workers, merge_only, verify);
+    if (encode_text->parsed())
+      return cmd_encode_text(o, text_encoder_dir, tokenizer_path, text_len, captions, embedding_out);
   } catch (const ReplicasDiverged& e) {
     if (e.report) std::fprintf(stderr, "error: %s\n", e.what());
     abort_world(kCorruptionStatus);
@@ -560,6 +737,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "error (torch): %s\n", e.what_without_backtrace());
+    abort_world(2);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
     abort_world(2);
     return 2;
   }

@@ -1,0 +1,195 @@
+#include "pipeline/wan_pipeline.h"
+
+#include <c10/core/InferenceMode.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/device_memory.h"
+#include "core/error.h"
+#include "core/precision.h"
+#include "diffusion/sampler.h"
+#include "model/dit.h"
+#include "model/state_dict.h"
+#include "model/weight_layout.h"
+#include "text/text_encoder.h"
+#include "vae/wan_vae.h"
+#include "video/video_decoder.h"
+
+namespace vidit {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_file(const fs::path& p) { return fs::is_regular_file(p); }
+
+// The first of `names` that exists under `dir`, or "".
+std::string first_existing(const fs::path& dir, const std::vector<std::string>& names) {
+  for (const auto& n : names)
+    if (fs::exists(dir / n)) return (dir / n).string();
+  return "";
+}
+
+// Peak memory of the current phase: the caching allocator's on a GPU, the process's peak
+// resident set on the host (a high-water mark over the process's life: the largest phase so far).
+struct PhaseMeter {
+  explicit PhaseMeter(std::string name, at::Device device) : device(device), start(std::chrono::steady_clock::now()) {
+    report.name = std::move(name);
+    if (device.is_cuda()) cuda_reset_peak_memory(device.index() < 0 ? 0 : device.index());
+  }
+  PhaseReport done() {
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (device.is_cuda()) {
+      report.peak_bytes = cuda_peak_allocated_bytes(device.index() < 0 ? 0 : device.index());
+    } else {
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      report.peak_bytes = int64_t(u.ru_maxrss) * 1024;
+    }
+    return report;
+  }
+  at::Device device;
+  std::chrono::steady_clock::time_point start;
+  PhaseReport report;
+};
+
+}  // namespace
+
+void WanWeights::fill_from(const std::string& root_path) {
+  if (root_path.empty()) return;
+  const fs::path root(root_path);
+  VIDIT_CHECK(fs::is_directory(root), "weights '", root_path, "' is not a folder: give a diffusers pipeline folder "
+              "(model_index.json) or an official Wan 2.1 release folder");
+  if (fs::exists(root / "model_index.json")) {  // diffusers pipeline
+    if (transformer.empty()) transformer = root.string();
+    if (text_encoder.empty() && fs::is_directory(root / "text_encoder")) text_encoder = (root / "text_encoder").string();
+    if (tokenizer.empty() && fs::is_directory(root / "tokenizer")) tokenizer = (root / "tokenizer").string();
+    if (vae.empty()) {
+      const std::string v = first_existing(root / "vae", {"Wan2.1_VAE.safetensors"});
+      VIDIT_CHECK(!v.empty() || !fs::is_directory(root / "vae"), "weights '", root_path, "': the VAE of a diffusers "
+                  "pipeline (vae/, AutoencoderKLWan names) is not read yet; pass the official Wan2.1_VAE weights as "
+                  "safetensors with --vae FILE (or data.vae_weights)");
+      vae = v;
+    }
+    return;
+  }
+  // An official release: the transformer's files at the top, the rest beside them.
+  if (transformer.empty()) transformer = root.string();
+  if (text_encoder.empty())
+    text_encoder = first_existing(root, {"models_t5_umt5-xxl-enc-bf16.safetensors", "text_encoder",
+                                         "models_t5_umt5-xxl-enc-bf16.pth"});
+  if (tokenizer.empty()) tokenizer = first_existing(root, {"google/umt5-xxl", "tokenizer"});
+  if (vae.empty()) {
+    vae = first_existing(root, {"Wan2.1_VAE.safetensors"});
+    VIDIT_CHECK(!vae.empty() || !is_file(root / "Wan2.1_VAE.pth"), "weights '", root_path, "' has Wan2.1_VAE.pth, "
+                "a pickle vidit does not read; convert it once: python -c \"import torch, safetensors.torch as s; "
+                "s.save_file(torch.load('Wan2.1_VAE.pth', map_location='cpu'), 'Wan2.1_VAE.safetensors')\"");
+  }
+}
+
+void WanWeights::require_all() const {
+  std::string missing;
+  if (transformer.empty()) missing += "\n  the transformer: --weights DIR or --checkpoint DIR";
+  if (text_encoder.empty()) missing += "\n  the umT5 text encoder: --text-encoder DIR (or text.encoder)";
+  if (vae.empty()) missing += "\n  the Wan 2.1 VAE: --vae FILE.safetensors (or data.vae_weights)";
+  VIDIT_CHECK(missing.empty(), "vidit sample: missing", missing);
+}
+
+void check_video_request(const VideoRequest& r, const ModelConfig& m) {
+  VIDIT_CHECK(r.frames >= 1 && (r.frames - 1) % 4 == 0, "--frames ", r.frames, " must be 1 + 4k (the VAE codes frame "
+              "0 alone and then groups of 4): e.g. ", 1 + 4 * ((std::max<int64_t>(r.frames, 1) - 1) / 4), " or ",
+              1 + 4 * ((std::max<int64_t>(r.frames, 1) + 2) / 4));
+  const int64_t gh = 8 * m.patch[1], gw = 8 * m.patch[2];
+  VIDIT_CHECK(r.height > 0 && r.height % gh == 0, "--size: height ", r.height, " must be a multiple of ", gh,
+              " (VAE 8 x patch ", m.patch[1], "): e.g. ", std::max<int64_t>(gh, r.height / gh * gh));
+  VIDIT_CHECK(r.width > 0 && r.width % gw == 0, "--size: width ", r.width, " must be a multiple of ", gw,
+              " (VAE 8 x patch ", m.patch[2], "): e.g. ", std::max<int64_t>(gw, r.width / gw * gw));
+  VIDIT_CHECK(((r.frames - 1) / 4 + 1) % m.patch[0] == 0, "--frames ", r.frames, ": ", (r.frames - 1) / 4 + 1,
+              " latent frames are not a multiple of the time patch ", m.patch[0]);
+}
+
+std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m) {
+  return {1, m.in_channels, (r.frames - 1) / 4 + 1, r.height / 8, r.width / 8};
+}
+
+VideoResult generate_video(const Config& cfg, const WanWeights& weights, const VideoRequest& request,
+                           at::Device device, const TensorMap& transformer, bool verbose) {
+  c10::InferenceMode inference;
+  check_video_request(request, cfg.model);
+  VideoResult out;
+
+  // 1. Text: the prompt and the negative prompt (or the null prompt) through umT5, then freed.
+  at::Tensor context, negative;
+  {
+    PhaseMeter meter("text", device);
+    text::TextEncoderOptions topt = text::text_encoder_options(cfg);
+    topt.encoder = weights.text_encoder;
+    topt.tokenizer = weights.tokenizer;
+    topt.device = device;
+    text::TextEncoder encoder(topt);
+    VIDIT_CHECK(encoder.dim() == cfg.model.text_dim, "the text encoder '", weights.text_encoder, "' makes ",
+                encoder.dim(), "-wide embeddings but the transformer takes model.text_dim = ", cfg.model.text_dim);
+    text::EncodedCaptions enc = encoder.encode_captions({request.prompt, request.negative_prompt});
+    if (enc.truncated[0])
+      std::fprintf(stderr, "warning: the prompt is longer than %lld tokens and was cut there\n",
+                   (long long)encoder.text_len());
+    context = enc.embedding.slice(0, 0, 1);
+    negative = enc.embedding.slice(0, 1, 2);
+    out.phases.push_back(meter.done());
+  }
+  if (verbose)
+    std::printf("[sample] text encoded in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
+
+  // 2. Denoise: the DiT with guidance, stepped by the configured solver; freed at the end.
+  {
+    PhaseMeter meter("denoise", device);
+    at::Tensor noise = at::randn(latent_shape(request, cfg.model),
+                                 at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
+    DiT model(cfg.model);
+    if (!transformer.empty()) {
+      load_state_dict(*model, transformer, "the given transformer weights");
+    } else {
+      load_state_dict(*model, read_transformer_weights(weights.transformer), weights.transformer);
+    }
+    model->eval();
+    model->to(device);
+    int64_t step = 0;  // guidance evaluates both branches in one call: one call a step
+    auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+      if (verbose)
+        std::printf("\r[sample] step %lld/%lld", (long long)++step, (long long)cfg.sample.steps), std::fflush(stdout);
+      AutocastGuard autocast(device.type(), device.is_cuda(), at::kBFloat16);
+      return model->forward(x, t, txt).to(at::kFloat);
+    };
+    at::Tensor lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
+    if (verbose) std::printf("\n"), std::fflush(stdout);
+    out.latents = lat.to(at::kCPU, at::kFloat);
+    out.phases.push_back(meter.done());
+  }
+  if (verbose) std::printf("[sample] denoised in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
+
+  // 3. Decode: the Wan VAE decoder, in causal chunks (tiled for frames wider than 512 pixels).
+  {
+    PhaseMeter meter("decode", device);
+    WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(device));
+    load_wan_vae(*vae, weights.vae);
+    vae->eval();
+    VaeRunOptions ro;
+    ro.tiling.enabled = request.width > 512 || request.height > 512;
+    at::Tensor video = vae->decode_latents(out.latents.to(device), ro);  // [1, 3, F, H, W] in [-1, 1]
+    out.frames = ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous();
+    out.phases.push_back(meter.done());
+  }
+  if (verbose) std::printf("[sample] decoded in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
+  return out;
+}
+
+void write_video(const std::string& path, const at::Tensor& frames, double fps) {
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent);
+  encode_video_mp4(path, frames, fps, /*crf=*/18, /*upscale=*/1);
+}
+
+}  // namespace vidit

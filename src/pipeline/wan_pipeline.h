@@ -1,0 +1,87 @@
+// Text to video with a Wan 2.1 model, in C++ from prompt to MP4:
+//
+//   prompt, negative prompt --umT5 (text/)--> context [2, 512, 4096]      phase "text"
+//   noise [1, 16, 1+(F-1)/4, H/8, W/8] --DiT with classifier-free guidance, UniPC or Euler
+//                                        (diffusion/, sample.*)--> latents   phase "denoise"
+//   latents --Wan VAE decoder (vae/, causal chunks, tiled when asked)--> frames [F, H, W, 3]
+//                                                                          phase "decode"
+//
+// Each model is loaded for its phase only and freed when the phase ends, so umT5-XXL (about
+// 11 GB in bf16), the DiT and the VAE never sit in memory together; the report gives each phase's
+// seconds and the memory it held at its peak (the CUDA caching allocator's peak on a GPU, the
+// process's peak resident set on the host).
+//
+// Where the parts come from (WanWeights::find): a diffusers pipeline folder (model_index.json
+// with transformer/, text_encoder/, tokenizer/, vae/) or an official Wan 2.1 release folder
+// (config.json + diffusion_pytorch_model*.safetensors, the umT5 encoder, google/umt5-xxl/ for the
+// tokenizer, Wan2.1_VAE as safetensors); any part may be named on its own instead (a vidit
+// checkpoint's weights, text.encoder, data.vae_weights).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/safetensors.h"
+
+namespace vidit {
+
+// Wan 2.1's default negative prompt (its shared config's sample_neg_prompt): used by `vidit sample
+// --weights` when neither --negative-prompt nor sample.negative_prompt gives one.
+inline constexpr const char* kWanNegativePrompt =
+    "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
+    "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，"
+    "杂乱的背景，三条腿，背景人很多，倒着走";
+
+struct WanWeights {
+  std::string transformer;   // weights path (model/weight_layout.h: either layout); "" if tensors given
+  std::string text_encoder;  // umT5: text_encoder folder, pipeline root or weight file
+  std::string tokenizer;     // spiece.model or its folder; "" = beside text_encoder
+  std::string vae;           // Wan 2.1 VAE weights (official names) as safetensors
+  // Fills whatever is empty from `root` (a diffusers pipeline or an official release folder; ""
+  // = none). Throws vidit::Error naming the part it cannot find and the flag or key that gives it.
+  void fill_from(const std::string& root);
+  // Throws vidit::Error naming each part still empty, with the flag that gives it.
+  void require_all() const;
+};
+
+struct VideoRequest {
+  std::string prompt;
+  std::string negative_prompt;  // "": the null prompt (the empty caption through umT5)
+  int64_t frames = 81;          // 1 + 4k
+  int64_t width = 832, height = 480;  // multiples of 16 (VAE 8 x patch 2)
+  uint64_t seed = 1;
+};
+
+struct PhaseReport {
+  std::string name;
+  double seconds = 0;
+  int64_t peak_bytes = 0;  // on the phase's device (see above)
+};
+
+struct VideoResult {
+  at::Tensor frames;                // [F, H, W, 3] uint8 RGB, CPU
+  at::Tensor latents;               // [1, 16, T', H/8, W/8] fp32, CPU
+  std::vector<PhaseReport> phases;  // text, denoise, decode
+};
+
+// Checks a request against the VAE's and the model's granularity. Throws vidit::Error naming the
+// value and the nearest valid ones.
+void check_video_request(const VideoRequest& r, const ModelConfig& m);
+
+// Latent shape [1, C, 1 + (F-1)/4, H/8, W/8] of a request.
+std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m);
+
+// Runs the three phases on `device` with the config's sample.* (solver, steps, shift, cfg_scale)
+// and text.* keys. `cfg.model` must describe the transformer (read_transformer_config gives it for
+// a release). `transformer` when defined: the DiT's weights in official names (e.g. a vidit
+// checkpoint's EMA), instead of reading weights.transformer. On CUDA the DiT runs under bf16
+// autocast with fp32 weights, as training does.
+VideoResult generate_video(const Config& cfg, const WanWeights& weights, const VideoRequest& request,
+                           at::Device device, const TensorMap& transformer = {}, bool verbose = true);
+
+// Writes result.frames to `path` as an H.264 MP4 at `fps`.
+void write_video(const std::string& path, const at::Tensor& frames, double fps);
+
+}  // namespace vidit

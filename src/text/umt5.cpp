@@ -1,0 +1,439 @@
+// The umT5 encoder (see umt5.h): weights in, hidden states out.
+#include "text/umt5.h"
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+
+namespace fs = std::filesystem;
+
+namespace vidit::text {
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::string block_key(int64_t n, const std::string& rest) {
+  return "encoder.block." + std::to_string(n) + ".layer." + rest;
+}
+
+// Every tensor the encoder needs, under its Hugging Face name, with its shape. The embedding is
+// listed as shared.weight (encoder.embed_tokens.weight is accepted for it).
+struct WeightSpec {
+  std::string key;
+  std::vector<int64_t> shape;
+};
+std::vector<WeightSpec> weight_specs(const Umt5Config& c) {
+  const int64_t d = c.d_model, inner = c.inner_dim();
+  std::vector<WeightSpec> s = {{"shared.weight", {c.vocab_size, d}}, {"encoder.final_layer_norm.weight", {d}}};
+  for (int64_t n = 0; n < c.num_layers; ++n) {
+    for (const char* p : {"q", "k", "v"}) s.push_back({block_key(n, std::string("0.SelfAttention.") + p + ".weight"), {inner, d}});
+    s.push_back({block_key(n, "0.SelfAttention.o.weight"), {d, inner}});
+    s.push_back({block_key(n, "0.SelfAttention.relative_attention_bias.weight"), {c.num_buckets, c.num_heads}});
+    s.push_back({block_key(n, "0.layer_norm.weight"), {d}});
+    if (c.gated()) {
+      s.push_back({block_key(n, "1.DenseReluDense.wi_0.weight"), {c.d_ff, d}});
+      s.push_back({block_key(n, "1.DenseReluDense.wi_1.weight"), {c.d_ff, d}});
+    } else {
+      s.push_back({block_key(n, "1.DenseReluDense.wi.weight"), {c.d_ff, d}});
+    }
+    s.push_back({block_key(n, "1.DenseReluDense.wo.weight"), {d, c.d_ff}});
+    s.push_back({block_key(n, "1.layer_norm.weight"), {d}});
+  }
+  return s;
+}
+
+bool is_norm(const std::string& key) { return key.find("layer_norm") != std::string::npos; }
+
+// Where the embedding is found: shared.weight or its tied twin.
+const at::Tensor* find_embedding(const TensorMap& w) {
+  for (const char* k : {"shared.weight", "encoder.embed_tokens.weight"}) {
+    auto it = w.find(k);
+    if (it != w.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+// The shape of an encoder whose config is not given, read from its tensors (HF names).
+Umt5Config infer_config(const std::map<std::string, std::vector<int64_t>>& shapes, const std::string& source) {
+  auto get = [&](const std::string& k) -> const std::vector<int64_t>* {
+    auto it = shapes.find(k);
+    return it == shapes.end() ? nullptr : &it->second;
+  };
+  Umt5Config c;
+  const auto* emb = get("shared.weight");
+  if (!emb) emb = get("encoder.embed_tokens.weight");
+  VIDIT_CHECK(emb && emb->size() == 2, "umT5 weights '", source, "': no token embedding (shared.weight, "
+              "encoder.embed_tokens.weight or Wan's token_embedding.weight); is this a umT5 text encoder?");
+  c.vocab_size = (*emb)[0];
+  c.d_model = (*emb)[1];
+  c.num_layers = 0;
+  while (get(block_key(c.num_layers, "0.SelfAttention.q.weight"))) ++c.num_layers;
+  VIDIT_CHECK(c.num_layers > 0, "umT5 weights '", source, "': no encoder blocks (", block_key(0, "0.SelfAttention.q.weight"),
+              " or Wan's blocks.0.attn.q.weight)");
+  const auto* bias = get(block_key(0, "0.SelfAttention.relative_attention_bias.weight"));
+  VIDIT_CHECK(bias && bias->size() == 2, "umT5 weights '", source, "': no ", block_key(0, "0.SelfAttention.relative_attention_bias.weight"));
+  c.num_buckets = (*bias)[0];
+  c.num_heads = (*bias)[1];
+  c.d_kv = (*get(block_key(0, "0.SelfAttention.q.weight")))[0] / c.num_heads;
+  if (const auto* wi0 = get(block_key(0, "1.DenseReluDense.wi_0.weight"))) {
+    c.d_ff = (*wi0)[0];
+  } else if (const auto* wi = get(block_key(0, "1.DenseReluDense.wi.weight"))) {
+    c.d_ff = (*wi)[0];
+    c.feed_forward_proj = "gelu";
+  } else {
+    fail("umT5 weights '", source, "': no feed-forward weights (", block_key(0, "1.DenseReluDense.wi_0.weight"), ")");
+  }
+  return c;  // max_distance 128 and eps 1e-6: umT5's values (the tensors do not tell)
+}
+
+// The conversion every loaded tensor gets: norms in fp32, the rest in the compute dtype, always a
+// copy (the source may be a view into a mapped file).
+at::Tensor convert(const at::Tensor& t, const std::string& key, at::ScalarType dtype, at::Device device) {
+  return t.to(device, is_norm(key) ? at::kFloat : dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+std::string json_conversion_hint(const std::string& file) {
+  return "python3 -c \"import torch, safetensors.torch as st; st.save_file(torch.load('" + file +
+         "', map_location='cpu'), '" + fs::path(file).replace_extension(".safetensors").string() + "')\"";
+}
+
+// A torch.save'd state dict (Wan's .pth), through LibTorch's unpickler.
+TensorMap read_pickled_state_dict(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  VIDIT_CHECK(in.good(), "umT5 weights: cannot open '", file, "'");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TensorMap out;
+  try {
+    const c10::IValue v = torch::jit::pickle_load(bytes);
+    VIDIT_CHECK(v.isGenericDict(), "not a state dict");
+    for (const auto& item : v.toGenericDict()) {
+      if (!item.key().isString() || !item.value().isTensor()) continue;
+      out[wan_key_to_hf(item.key().toStringRef())] = item.value().toTensor();
+    }
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) why = ce->what_without_backtrace();
+    fail("umT5 weights: LibTorch cannot read the pickled checkpoint '", file, "' (", why.substr(0, 300),
+         "). Convert it to safetensors once and pass that file instead:\n  ", json_conversion_hint(file));
+  }
+  VIDIT_CHECK(!out.empty(), "umT5 weights: '", file, "' holds no tensors");
+  return out;
+}
+
+// The weight files of a folder and its config.json (or "" when there is none).
+struct WeightFiles {
+  std::vector<std::string> files;
+  std::string config;
+  std::string index;  // model.safetensors.index.json when sharded
+};
+
+WeightFiles find_weight_files(const std::string& path) {
+  std::error_code ec;
+  WeightFiles w;
+  VIDIT_CHECK(fs::exists(path, ec), "umT5 weights: '", path, "' does not exist: pass a text_encoder folder "
+              "(config.json + model.safetensors), a diffusers pipeline folder, or a .safetensors / .pth file");
+  if (fs::is_regular_file(path, ec)) {
+    w.files = {path};
+    const fs::path cfg = fs::path(path).parent_path() / "config.json";
+    if (fs::is_regular_file(cfg, ec)) w.config = cfg.string();
+    return w;
+  }
+  fs::path dir(path);
+  const bool has_own = fs::exists(dir / "config.json", ec) || fs::exists(dir / "model.safetensors", ec) ||
+                       fs::exists(dir / "model.safetensors.index.json", ec);
+  if (!has_own && fs::is_directory(dir / "text_encoder", ec)) dir /= "text_encoder";
+  if (fs::is_regular_file(dir / "config.json", ec)) w.config = (dir / "config.json").string();
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::is_regular_file(index, ec)) {
+    w.index = index.string();
+    nlohmann::json j;
+    try {
+      std::ifstream in(index);
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      fail("umT5 weights: cannot parse the shard index '", index.string(), "': ", e.what());
+    }
+    VIDIT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "umT5 weights: '", index.string(),
+                "' has no weight_map object; is it a Hugging Face sharded-checkpoint index?");
+    std::set<std::string> shards;
+    for (const auto& [key, file] : j["weight_map"].items()) {
+      VIDIT_CHECK(file.is_string(), "umT5 weights: '", index.string(), "': weight_map[\"", key, "\"] is not a file name");
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& s : shards) {
+      const fs::path f = dir / s;
+      VIDIT_CHECK(fs::is_regular_file(f, ec), "umT5 weights: shard '", f.string(), "' named by '", index.string(),
+                  "' is missing; download every model-*-of-*.safetensors file");
+      w.files.push_back(f.string());
+    }
+    return w;
+  }
+  if (fs::is_regular_file(dir / "model.safetensors", ec)) {
+    w.files = {(dir / "model.safetensors").string()};
+    return w;
+  }
+  // A folder holding one weight file under another name (Wan's models_t5_umt5-xxl-enc-bf16.*).
+  std::vector<std::string> st, pth;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto ext = e.path().extension().string();
+    if (ext == ".safetensors") st.push_back(e.path().string());
+    if (ext == ".pth" || ext == ".pt") pth.push_back(e.path().string());
+  }
+  if (st.size() == 1) w.files = st;
+  else if (st.empty() && pth.size() == 1) w.files = pth;
+  else
+    fail("umT5 weights: no model.safetensors (nor model.safetensors.index.json) in '", dir.string(),
+         "'; pass the text_encoder folder of a Hugging Face / diffusers checkpoint or the weight file itself");
+  return w;
+}
+
+Umt5Config resolve_config(const WeightFiles& w, const std::map<std::string, std::vector<int64_t>>& shapes,
+                          const std::string& source) {
+  return w.config.empty() ? infer_config(shapes, source) : Umt5Config::from_json_file(w.config);
+}
+
+}  // namespace
+
+bool Umt5Config::gated() const { return feed_forward_proj.rfind("gated-", 0) == 0; }
+
+std::string Umt5Config::activation() const {
+  // transformers: "gated-gelu" is the one spelling that means gelu_new (the tanh GELU).
+  if (feed_forward_proj == "gated-gelu") return "gelu_new";
+  return gated() ? feed_forward_proj.substr(6) : feed_forward_proj;
+}
+
+Umt5Config Umt5Config::from_json_file(const std::string& path) {
+  nlohmann::json j;
+  try {
+    std::ifstream in(path);
+    VIDIT_CHECK(in.good(), "cannot open");
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("umT5 config '", path, "': cannot read it as JSON (", e.what(), ")");
+  }
+  const std::string type = j.value("model_type", "umt5");
+  VIDIT_CHECK(type == "umt5", "umT5 config '", path, "': model_type is \"", type, "\", not \"umt5\"; vidit reads "
+              "umT5 encoders (each block with its own position bias), as Wan's text encoder is");
+  Umt5Config c;
+  auto need = [&](const char* key, int64_t& field) {
+    VIDIT_CHECK(j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() > 0, "umT5 config '", path,
+                "': \"", key, "\" is missing or not a positive integer");
+    field = j[key].get<int64_t>();
+  };
+  need("d_model", c.d_model);
+  need("d_kv", c.d_kv);
+  need("d_ff", c.d_ff);
+  need("num_heads", c.num_heads);
+  need("num_layers", c.num_layers);
+  need("vocab_size", c.vocab_size);
+  if (j.contains("relative_attention_num_buckets")) need("relative_attention_num_buckets", c.num_buckets);
+  if (j.contains("relative_attention_max_distance")) need("relative_attention_max_distance", c.max_distance);
+  if (j.contains("layer_norm_epsilon")) {
+    VIDIT_CHECK(j["layer_norm_epsilon"].is_number(), "umT5 config '", path, "': layer_norm_epsilon is not a number");
+    c.eps = j["layer_norm_epsilon"].get<double>();
+  }
+  if (j.contains("feed_forward_proj")) c.feed_forward_proj = j["feed_forward_proj"].get<std::string>();
+  const std::string act = c.activation();
+  VIDIT_CHECK(act == "gelu_new" || act == "gelu" || act == "relu" || act == "gelu_pytorch_tanh" || act == "silu",
+              "umT5 config '", path, "': feed_forward_proj \"", c.feed_forward_proj, "\" is not supported (use "
+              "[gated-]gelu, gelu_new, gelu_pytorch_tanh, relu or silu)");
+  VIDIT_CHECK(c.num_buckets >= 4, "umT5 config '", path, "': relative_attention_num_buckets must be >= 4");
+  return c;
+}
+
+std::string wan_key_to_hf(const std::string& key) {
+  static const std::map<std::string, std::string> top = {{"token_embedding.weight", "shared.weight"},
+                                                         {"norm.weight", "encoder.final_layer_norm.weight"}};
+  if (auto it = top.find(key); it != top.end()) return it->second;
+  static const std::regex block(R"(^blocks\.(\d+)\.(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(key, m, block)) return key;
+  static const std::map<std::string, std::string> inner = {
+      {"attn.q.weight", "0.SelfAttention.q.weight"},
+      {"attn.k.weight", "0.SelfAttention.k.weight"},
+      {"attn.v.weight", "0.SelfAttention.v.weight"},
+      {"attn.o.weight", "0.SelfAttention.o.weight"},
+      {"pos_embedding.embedding.weight", "0.SelfAttention.relative_attention_bias.weight"},
+      {"norm1.weight", "0.layer_norm.weight"},
+      {"norm2.weight", "1.layer_norm.weight"},
+      {"ffn.gate.0.weight", "1.DenseReluDense.wi_0.weight"},
+      {"ffn.fc1.weight", "1.DenseReluDense.wi_1.weight"},
+      {"ffn.fc2.weight", "1.DenseReluDense.wo.weight"}};
+  auto it = inner.find(m[2].str());
+  return it == inner.end() ? key : block_key(std::stoll(m[1].str()), it->second);
+}
+
+at::Tensor relative_position_buckets(int64_t L, int64_t num_buckets, int64_t max_distance, at::Device device) {
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor rel = at::arange(L, opts).unsqueeze(0) - at::arange(L, opts).unsqueeze(1);  // key - query
+  const int64_t half = num_buckets / 2;  // one half for keys after the query, one for the rest
+  at::Tensor buckets = rel.gt(0).to(at::kLong) * half;
+  rel = rel.abs();
+  const int64_t max_exact = half / 2;
+  const at::Tensor is_small = rel.lt(max_exact);
+  // transformers' arithmetic, op for op: fp32 log of distance/max_exact, scaled, truncated.
+  at::Tensor log_ratio = at::log(rel.to(at::kFloat) / max_exact) /
+                         std::log(static_cast<double>(max_distance) / static_cast<double>(max_exact));
+  log_ratio = log_ratio * (half - max_exact);
+  const at::Tensor large = at::clamp_max(log_ratio.to(at::kLong) + max_exact, half - 1);
+  return buckets + at::where(is_small, rel, large);
+}
+
+Umt5Encoder::Umt5Encoder(const Umt5Config& cfg, const TensorMap& w, at::ScalarType dtype, at::Device device,
+                         const std::string& source)
+    : cfg_(cfg), dtype_(dtype), device_(device) {
+  VIDIT_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "umT5: compute dtype must be fp32 or bf16");
+  at::NoGradGuard no_grad;
+  auto take = [&](const WeightSpec& s) -> at::Tensor {
+    const at::Tensor* t = nullptr;
+    if (s.key == "shared.weight") {
+      t = find_embedding(w);
+    } else if (auto it = w.find(s.key); it != w.end()) {
+      t = &it->second;
+    }
+    VIDIT_CHECK(t != nullptr, "umT5 weights '", source, "': tensor '", s.key, "' is missing",
+                s.key == "shared.weight" ? " (nor encoder.embed_tokens.weight, nor Wan's token_embedding.weight)" : "",
+                "; the checkpoint does not match config (", cfg_.num_layers, " layers, d_model ", cfg_.d_model, ")");
+    VIDIT_CHECK(t->sizes().vec() == s.shape, "umT5 weights '", source, "': tensor '", s.key, "' has shape ",
+                shape_str(t->sizes()), ", expected ", shape_str(s.shape), " from the config");
+    return t->to(device, is_norm(s.key) ? at::kFloat : dtype);
+  };
+  const auto specs = weight_specs(cfg_);
+  size_t i = 0;
+  embed_ = take(specs[i++]);
+  final_norm_ = take(specs[i++]);
+  for (int64_t n = 0; n < cfg_.num_layers; ++n) {
+    Block b;
+    at::Tensor q = take(specs[i++]), k = take(specs[i++]), v = take(specs[i++]);
+    b.qkv = at::cat({q, k, v}, 0);
+    b.o = take(specs[i++]);
+    b.rel_bias = take(specs[i++]);
+    b.norm_attn = take(specs[i++]);
+    if (cfg_.gated()) {
+      at::Tensor w0 = take(specs[i++]), w1 = take(specs[i++]);
+      b.wi = at::cat({w0, w1}, 0);
+    } else {
+      b.wi = take(specs[i++]);
+    }
+    b.wo = take(specs[i++]);
+    b.norm_ff = take(specs[i++]);
+    blocks_.push_back(std::move(b));
+  }
+}
+
+Umt5Encoder Umt5Encoder::load(const std::string& path, at::ScalarType dtype, at::Device device) {
+  const WeightFiles files = find_weight_files(path);
+  const std::string& first = files.files.front();
+  const std::string ext = fs::path(first).extension().string();
+  if (ext == ".pth" || ext == ".pt" || ext == ".bin") {
+    const TensorMap w = read_pickled_state_dict(first);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [k, t] : w) shapes[k] = t.sizes().vec();
+    return Umt5Encoder(resolve_config(files, shapes, first), w, dtype, device, first);
+  }
+  // safetensors: map every file, read the headers, then copy only the tensors needed.
+  std::vector<std::unique_ptr<MappedFile>> maps;
+  std::map<std::string, std::pair<at::Tensor, std::string>> views;  // HF name -> (view, file)
+  for (const auto& f : files.files) {
+    maps.push_back(std::make_unique<MappedFile>(f, "umT5 weights", "check the path and that the download finished"));
+    for (auto& [k, t] : view_safetensors(maps.back()->data(), maps.back()->size(), f)) {
+      const std::string hf = wan_key_to_hf(k);
+      views.emplace(hf, std::make_pair(t, f));
+    }
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [k, v] : views) shapes[k] = v.first.sizes().vec();
+  const std::string where = files.index.empty() ? first : files.index;
+  const Umt5Config cfg = resolve_config(files, shapes, where);
+  TensorMap w;
+  for (const auto& s : weight_specs(cfg)) {
+    auto it = views.find(s.key);
+    if (it == views.end() && s.key == "shared.weight") it = views.find("encoder.embed_tokens.weight");
+    if (it == views.end()) {
+      if (files.files.size() > 1)
+        fail("umT5 weights: tensor '", s.key, "' is in none of the ", files.files.size(), " shards of '", where,
+             "'; the checkpoint is incomplete or not a ", cfg.num_layers, "-layer umT5 encoder");
+      fail("umT5 weights: tensor '", s.key, "' is missing from '", where, "'; the checkpoint does not match its "
+           "config (", cfg.num_layers, " layers) or is not a umT5 encoder");
+    }
+    const at::Tensor& t = it->second.first;
+    VIDIT_CHECK(t.sizes().vec() == s.shape, "umT5 weights: tensor '", s.key, "' in '", it->second.second,
+                "' has shape ", shape_str(t.sizes()), ", expected ", shape_str(s.shape), " from the config");
+    w[s.key] = convert(t, s.key, dtype, device);
+  }
+  return Umt5Encoder(cfg, w, dtype, device, where);
+}
+
+at::Tensor Umt5Encoder::ffn_act(const at::Tensor& x) const {
+  const std::string act = cfg_.activation();
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
+  if (act == "gelu") return at::gelu(x);
+  if (act == "relu") return at::relu(x);
+  return at::silu(x);
+}
+
+// The most negative finite value of `dtype` (as transformers' finfo(dtype).min): float's lowest
+// overflows bf16.
+static double lowest_of(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? double(std::numeric_limits<c10::BFloat16>::lowest())
+         : dtype == at::kHalf   ? double(std::numeric_limits<c10::Half>::lowest())
+                                : double(std::numeric_limits<float>::lowest());
+}
+
+at::Tensor Umt5Encoder::forward(const at::Tensor& ids_in, const at::Tensor& mask_in) const {
+  c10::InferenceMode inference;
+  VIDIT_CHECK(ids_in.dim() == 2 && mask_in.sizes() == ids_in.sizes(), "umT5: ids and mask must both be [B, L] (got ",
+              shape_str(ids_in.sizes()), " and ", shape_str(mask_in.sizes()), ")");
+  const int64_t B = ids_in.size(0), L = ids_in.size(1), d = cfg_.d_model, H = cfg_.num_heads, dk = cfg_.d_kv;
+  const at::Tensor ids = ids_in.to(device_, at::kLong);
+  VIDIT_CHECK(ids.numel() == 0 || (ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < cfg_.vocab_size),
+              "umT5: token ids outside [0, ", cfg_.vocab_size, "): the tokenizer does not belong to this encoder");
+  const at::Tensor key_ok = mask_in.to(device_).ne(0).view({B, 1, 1, L});
+  // Padded keys get the most negative number (not -inf, so a row without keys cannot make NaNs).
+  const at::Tensor mask_bias = at::zeros({B, 1, 1, L}, at::TensorOptions().dtype(dtype_).device(device_))
+                                   .masked_fill_(key_ok.logical_not(), lowest_of(dtype_));
+  const at::Tensor buckets = relative_position_buckets(L, cfg_.num_buckets, cfg_.max_distance, device_);
+
+  at::Tensor x = at::embedding(embed_, ids).to(at::kFloat);  // [B, L, d], the fp32 residual stream
+  for (const Block& b : blocks_) {
+    at::Tensor h = at::rms_norm(x, {d}, b.norm_attn, cfg_.eps).to(dtype_);
+    const at::Tensor qkv = at::linear(h, b.qkv).view({B, L, 3, H, dk}).permute({2, 0, 3, 1, 4});  // [3, B, H, L, dk]
+    const at::Tensor bias = at::embedding(b.rel_bias, buckets).permute({2, 0, 1}).unsqueeze(0);   // [1, H, L, L]
+    const at::Tensor attn_mask = bias + mask_bias;                                                 // [B, H, L, L]
+    at::Tensor a = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask, 0.0, false, /*scale=*/1.0);
+    a = a.transpose(1, 2).reshape({B, L, H * dk});
+    x.add_(at::linear(a, b.o));
+    h = at::rms_norm(x, {d}, b.norm_ff, cfg_.eps).to(dtype_);
+    at::Tensor g = at::linear(h, b.wi);
+    if (cfg_.gated()) {
+      const auto parts = g.chunk(2, -1);
+      g = ffn_act(parts[0]).mul_(parts[1]);
+    } else {
+      g = ffn_act(g);
+    }
+    x.add_(at::linear(g, b.wo));
+  }
+  return at::rms_norm(x, {d}, final_norm_, cfg_.eps);
+}
+
+}  // namespace vidit::text

@@ -1,9 +1,9 @@
 #include "model/state_dict.h"
 
-#include <filesystem>
 #include <sstream>
 
 #include "core/error.h"
+#include "model/weight_layout.h"
 
 namespace vidit {
 
@@ -51,23 +51,6 @@ void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const 
   for (auto& [key, p] : expected) p.copy_(tensors.at(key));
 }
 
-TensorMap read_weights(const std::string& path) {
-  namespace fs = std::filesystem;
-  VIDIT_CHECK(fs::exists(path), "weights '", path, "' not found: give a .safetensors file or a folder of them");
-  if (!fs::is_directory(path)) return load_safetensors(path);
-  std::vector<fs::path> shards;
-  for (const auto& e : fs::directory_iterator(path))
-    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
-  std::sort(shards.begin(), shards.end());
-  VIDIT_CHECK(!shards.empty(), "folder '", path, "' holds no .safetensors files");
-  TensorMap all;
-  for (const auto& shard : shards)
-    for (auto& [k, v] : load_safetensors(shard.string())) {
-      VIDIT_CHECK(!all.count(k), "key '", k, "' appears in two shards of '", path, "' (second: ",
-                  shard.filename().string(), ")");
-      all.emplace(k, std::move(v));
-    }
-  return all;
-}
+TensorMap read_weights(const std::string& path) { return read_transformer_weights(path); }
 
 }  // namespace vidit

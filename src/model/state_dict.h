@@ -17,9 +17,11 @@ void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const 
 // The check alone: `tensors` against the names and shapes of `expected`.
 void check_state_dict(const TensorMap& expected, const TensorMap& tensors, const std::string& source);
 
-// Reads weights from one .safetensors file or from every *.safetensors file in a folder (a
-// sharded release such as diffusion_pytorch_model-0000N-of-0000M.safetensors). Throws
-// vidit::Error when nothing is found or a key appears in two shards.
+// Reads a transformer's weights, in official Wan 2.1 names, from a .safetensors file, a folder of
+// them (a sharded release such as diffusion_pytorch_model-0000N-of-0000M.safetensors, read
+// through its index json when there is one), or a diffusers transformer / pipeline folder (renamed
+// from diffusers' layout): model/weight_layout.h's read_transformer_weights, which says how each
+// case fails. Throws vidit::Error when nothing is found or a key appears in two shards.
 TensorMap read_weights(const std::string& file_or_folder);
 
 }  // namespace vidit

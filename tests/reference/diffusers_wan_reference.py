@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""diffusers' own WanTransformer3DModel as the reference for vidit's weight layouts
+(src/model/weight_layout_test.cpp runs it; tests only, never the product).
+
+    diffusers_wan_reference.py make OUT
+        Builds a small WanTransformer3DModel (2 layers, 3 heads of 32, ffn 128, text_dim 32, 4 -> 8
+        channels, patch (1,2,2), freq_dim 64, eps 1e-5), adds noise to every parameter (so no zero-
+        or one-initialised tensor hides a wrong mapping), and writes
+          OUT/unsharded/   save_pretrained: config.json + diffusion_pytorch_model.safetensors
+          OUT/sharded/     save_pretrained(max_shard_size="200KB"): shards + index json
+          OUT/io.safetensors  x [2,4,3,6,8], t [2] (sigma*1000), text [2,7,32] (sample 1 has 4 real
+                              tokens, the rest zero), out: the model's fp32 forward with the text
+                              zero-padded to 512 tokens, as WanPipeline feeds it; out_f64_sinusoid:
+                              the same with the timestep sinusoid computed in float64 (as official
+                              Wan and vidit do; diffusers computes it in float32), to show what the
+                              remaining difference comes from.
+    diffusers_wan_reference.py forward MODEL_DIR IN OUT
+        WanTransformer3DModel.from_pretrained(MODEL_DIR) (every key must load: no missing,
+        unexpected or mis-shaped ones), its forward on IN's x, t, text (used as given), written to
+        OUT as {"out": ...}.
+
+Exit status: 0 done, 1 the model folder did not load cleanly, 2 bad usage, 3 diffusers missing.
+"""
+import sys
+from pathlib import Path
+
+
+def die(msg, code):
+    print(f"diffusers_wan_reference: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+try:
+    import torch
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import load_file, save_file
+except ImportError as e:  # the C++ test skips on this status
+    die(f"cannot import the reference packages: {e}", 3)
+
+try:
+    import accelerate  # noqa: F401
+except ImportError:
+    # from_pretrained refuses to run without accelerate while _keep_in_fp32_modules is set; that
+    # list only keeps some modules in fp32 when the rest is cast down. Everything here is fp32,
+    # so clearing it changes nothing loaded.
+    WanTransformer3DModel._keep_in_fp32_modules = None
+
+TEXT_LEN = 512  # WanPipeline's max_sequence_length: prompts are zero-padded to it
+
+
+def forward(model, x, t, text):
+    with torch.no_grad():
+        return model(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0].contiguous()
+
+
+def float64_sinusoid(model):
+    """Replaces the model's timestep sinusoid (float32 in diffusers) by the same in float64."""
+    proj = model.condition_embedder.timesteps_proj
+    half = proj.num_channels // 2
+
+    def forward(t):
+        freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64) / half)
+        args = t.double()[:, None] * freqs[None, :]
+        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1).float()  # flip_sin_to_cos: cos first
+
+    proj.forward = forward
+
+
+def make(out):
+    out = Path(out)
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=32,
+                                  in_channels=4, out_channels=8, text_dim=32, freq_dim=64, ffn_dim=128,
+                                  num_layers=2, eps=1e-5).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out / "unsharded")
+    model.save_pretrained(out / "sharded", max_shard_size="200KB")
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 3, 6, 8, generator=g)
+    t = torch.tensor([999.0, 412.5])
+    text = torch.randn(2, 7, 32, generator=g)
+    text[1, 4:] = 0
+    padded = torch.zeros(2, TEXT_LEN, 32)
+    padded[:, :7] = text
+    y = forward(model, x, t, padded)
+    float64_sinusoid(model)
+    y64 = forward(model, x, t, padded)
+    save_file({"x": x, "t": t, "text": text, "out": y, "out_f64_sinusoid": y64}, str(out / "io.safetensors"))
+    shards = sorted(p.name for p in (out / "sharded").iterdir())
+    print(f"made {out}: out {tuple(y.shape)}, max |out| {y.abs().max().item():.4g}, sharded files {shards}")
+
+
+def forward_cmd(model_dir, inp, outp):
+    model, info = WanTransformer3DModel.from_pretrained(model_dir, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    if bad:
+        die(f"{model_dir} did not load cleanly: {bad}", 1)
+    model = model.float().eval()
+    io = load_file(inp)
+    y = forward(model, io["x"].float(), io["t"].float(), io["text"].float())
+    save_file({"out": y}, outp)
+    print(f"forward {model_dir}: out {tuple(y.shape)}, max |out| {y.abs().max().item():.4g}")
+
+
+def main(argv):
+    if len(argv) == 2 and argv[0] == "make":
+        make(argv[1])
+    elif len(argv) == 4 and argv[0] == "forward":
+        forward_cmd(*argv[1:])
+    else:
+        die(__doc__, 2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

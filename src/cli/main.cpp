@@ -43,6 +43,8 @@
 #include "resilience/stop_signal.h"
 #include "text/text_encoder.h"
 #include "pipeline/wan_pipeline.h"
+#include "prepare/caption_store.h"
+#include "prepare/manifest.h"
 #include "model/weight_layout.h"
 #include "parallel/plan.h"
 #include "parallel/step_time.h"
@@ -206,7 +208,7 @@ void set_aside_previous_run(const std::string& out_dir) {
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "previous-%Y%m%d-%H%M%S", std::gmtime(&now));
   const fs::path aside = fs::path(out_dir) / stamp;
-  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "forensics", "quarantine.json",
+  for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "tb", "forensics", "quarantine.json",
                            "heartbeats", "heartbeats.previous"}) {
     if (!fs::exists(fs::path(out_dir) / name)) continue;
     fs::create_directories(aside);
@@ -270,7 +272,12 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     data = std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed),
                                               cfg.train.seed, dp_rank, dp);
   }
-  Trainer trainer(cfg, data, at::zeros({cfg.model.text_len, cfg.model.text_dim}), device, mesh);
+  // Caption dropout's null text: the empty prompt's umT5 embedding when the cache holds one
+  // (prepare/caption_store.h), else zeros.
+  at::Tensor null_text = cfg.data.source == DataSource::cache ? cached_null_text(cfg.data.cache_dir, cfg.model.text_len)
+                                                              : at::Tensor();
+  if (!null_text.defined()) null_text = at::zeros({cfg.model.text_len, cfg.model.text_dim});
+  Trainer trainer(cfg, data, null_text, device, mesh);
   // A run continues from the newest good checkpoint in its out_dir (a restart by the launcher
   // or the scheduler needs no flag); --fresh starts at step 0 (the old run set aside above).
   if (!fresh) {
@@ -459,6 +466,19 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
   }
   auto [w, n] = prepare_slice(worker, workers);
   CaptionEncoder captions = make_caption_encoder(cfg);
+  // umT5 captions (text.encoder): all of this slice's captions first, the encoder freed before the VAE.
+  CaptionStoreReport text_report;
+  if (!cfg.text.encoder.empty()) {
+    VIDIT_CHECK(cfg.data.text_encoder != TextEncoder::precomputed, cfg.source, ": text.encoder is set but "
+                "data.text_encoder = \"precomputed\" reads embedding files; keep one of the two");
+    Manifest m = read_manifest(cfg.data.manifest);
+    std::vector<std::string> texts;
+    for (size_t i = size_t(w); i < m.entries.size(); i += size_t(n)) texts.push_back(m.entries[i].caption);
+    captions = CaptionStore::build(cfg, texts, w, &text_report).encoder();
+    std::printf("captions: %lld distinct, %lld embedded now in %.1f s, %lld cut to %lld tokens, %lld not embeddable\n",
+                (long long)text_report.captions, (long long)text_report.embedded, text_report.seconds,
+                (long long)text_report.truncated, (long long)cfg.model.text_len, (long long)text_report.failed);
+  }
   std::printf("vidit prepare: %s -> %s (worker %d of %d, codec %s)\n", cfg.data.manifest.c_str(),
               cfg.data.cache_dir.c_str(), w, n, name_of(cfg.data.codec).c_str());
   std::fflush(stdout);

@@ -201,6 +201,10 @@ using NumList = std::vector<double>;
   KEY(double, spike_z, 6.0, positive, "spike threshold, in spreads of the running baseline")            \
   KEY(int64_t, spike_bins, 8, positive, "sigma bins of the per-sample loss baseline")                 \
   KEY(int64_t, spike_warmup, 8, positive, "samples a sigma bin (steps: the gradient norm) sees before it judges") \
+  KEY(bool, tensorboard, true, any,                                                                   \
+      "rank 0 writes TensorBoard event files under <out_dir>/tb/ (tensorboard --logdir <out_dir>/tb): every "  \
+      "logged step's scalars, rank 0's per-sample losses as a histogram, skipped steps and spikes, each save's " \
+      "pause and write seconds, the resolved config as text; a resumed run adds a file and never rewrites a step") \
   KEY(bool, preflight, false, any,                                                                    \
       "run the vidit health checks before training; an unhealthy host stops the job (exit 3)")          \
   KEY(int64_t, replica_check_every, 100, non_negative,                                                 \

@@ -358,11 +358,11 @@ TEST(UnipcConvergence, GuidedSampleLandsOnTheGuidedBlend) {
   EXPECT_TRUE(at::equal(sample_latents(field, eps, text, negative, cfg), x));
 }
 
-// Data: per element, an even mixture of N(-1, w^2) and N(+1, w^2). Along x = (1 - s) x0 + s eps
-// the posterior mean E[x0 | x] is closed-form, so v = (x - E[x0 | x]) / s exactly; the paths
-// curve (they split towards the two modes), so the solver's order shows.
+// Data: per element, an even mixture of N(-1, w^2) and N(+1, w^2), w^2 = 1/2. Along
+// x = (1 - s) x0 + s eps the posterior mean E[x0 | x] is closed-form, so v = (x - E[x0 | x]) / s
+// exactly; the paths curve (they split towards the two modes), so the solver's order shows.
 at::Tensor mixture_velocity(const at::Tensor& x, double s) {
-  const double w2 = 0.09, var = (1 - s) * (1 - s) * w2 + s * s;
+  const double w2 = 0.5, var = (1 - s) * (1 - s) * w2 + s * s;
   at::Tensor mean = at::zeros_like(x), norm = at::zeros_like(x);
   for (double m : {-1.0, 1.0}) {
     at::Tensor r = at::exp(-(x - (1 - s) * m).pow(2) / (2 * var));
@@ -374,29 +374,36 @@ at::Tensor mixture_velocity(const at::Tensor& x, double s) {
 
 TEST(UnipcConvergence, MoreAccurateThanEulerOnCurvedPaths) {
   at::Tensor eps = at::randn({1000}, at::kDouble);
-  // Reference endpoint: 10000 Euler steps on the linear grid in float64.
+  // Reference endpoint: 10000 Euler steps on the unshifted linear grid, in float64.
   at::Tensor ref = eps;
   const int64_t fine = 10000;
   for (int64_t i = 0; i < fine; ++i) {
     const double s = 1.0 - double(i) / fine, sn = 1.0 - double(i + 1) / fine;
     ref = ref + (sn - s) * mixture_velocity(ref, s);
   }
-  const int64_t steps = 12;
   const double shift = 3.0;
-  UniPCSolver u;
-  u.set_timesteps(steps, shift);
-  at::Tensor xu = eps.to(at::kFloat);
-  for (int64_t i = 0; i < steps; ++i)
-    xu = u.step(mixture_velocity(xu.to(at::kDouble), u.sigmas()[i].item<double>()).to(at::kFloat), i, xu);
-  at::Tensor sig = flow_euler_sigmas_diffusers(steps, shift).to(at::kDouble);
-  at::Tensor xe = eps;
-  for (int64_t i = 0; i < steps; ++i)
-    xe = xe + (sig[i + 1] - sig[i]).item<double>() * mixture_velocity(xe, sig[i].item<double>());
-  const double eu = (xu.to(at::kDouble) - ref).abs().mean().item<double>();
-  const double ee = (xe - ref).abs().mean().item<double>();
-  std::printf("curved paths, %lld steps: mean |error| UniPC %.3g, Euler %.3g\n", (long long)steps, eu, ee);
-  EXPECT_LT(eu, 0.5 * ee);
-  EXPECT_LT(eu, 0.05);
+  auto unipc_error = [&](int64_t steps) {
+    UniPCSolver u;
+    u.set_timesteps(steps, shift);
+    at::Tensor x = eps.to(at::kFloat);
+    for (int64_t i = 0; i < steps; ++i)
+      x = u.step(mixture_velocity(x.to(at::kDouble), u.sigmas()[i].item<double>()).to(at::kFloat), i, x);
+    return (x.to(at::kDouble) - ref).abs().mean().item<double>();
+  };
+  auto euler_error = [&](int64_t steps) {
+    at::Tensor sig = flow_euler_sigmas_diffusers(steps, shift).to(at::kDouble), x = eps;
+    for (int64_t i = 0; i < steps; ++i)
+      x = x + (sig[i + 1] - sig[i]).item<double>() * mixture_velocity(x, sig[i].item<double>());
+    return (x - ref).abs().mean().item<double>();
+  };
+  const double u12 = unipc_error(12), u24 = unipc_error(24), e12 = euler_error(12), e24 = euler_error(24);
+  std::printf("curved paths, mean |error| at 12 / 24 steps: UniPC %.3g / %.3g, Euler %.3g / %.3g\n", u12, u24, e12,
+              e24);
+  // (diffusers' own UniPC and Euler on this field: 0.028 / 0.009 and 0.12 / 0.06.)
+  EXPECT_LT(u12, 0.4 * e12);
+  EXPECT_LT(u24, 0.4 * e24);
+  EXPECT_LT(u24, u12 / 2.5);  // better than first order: halving the step more than halves the error
+  EXPECT_GT(e24, e12 / 2.5);  // while Euler is first order
 }
 
 }  // namespace

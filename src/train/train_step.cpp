@@ -169,7 +169,7 @@ StepResult Trainer::step() {
   const double wait = mesh_->comm_times().wait_s() - wait0;
   if (gpu_start) device_busy = std::max(0.0, device_busy - mesh_->take_gpu_stall_s());
   return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped, spike.spike,
-          spike.loss_z, response.rollback, device_busy};
+          spike.loss_z, response.rollback, device_busy, std::move(mine.loss)};
 }
 
 }  // namespace vidit

@@ -290,6 +290,10 @@ std::string Trainer::finish_oldest_save() {
                 "(%.1f MB by %d rank(s), %.0f MB/s) -> %s\n",
                 (long long)step, done->blocked_s, write_s, bytes / 1e6, int((all.select(1, 2) > 0).sum().item<int64_t>()),
                 write_s > 0 ? bytes / 1e6 / write_s : 0.0, done->dir.c_str());
+    if (tb_) {
+      tb_->add_scalar("checkpoint/pause_s", step, done->blocked_s);
+      tb_->add_scalar("checkpoint/write_s", step, write_s);
+    }
     std::ofstream log(cfg_.train.out_dir + "/saves.jsonl", std::ios::app);
     log << nlohmann::json{{"step", step},          {"blocked_s", done->blocked_s}, {"write_s", write_s},
                           {"bytes", int64_t(bytes)}, {"async", cfg_.train.ckpt_async}, {"dir", done->dir}}
@@ -464,6 +468,20 @@ bool Trainer::resume() {
   return false;
 }
 
+// Rank 0's TensorBoard file (train.tensorboard): a new file each attempt. A resumed run writes only
+// the steps no earlier file holds (those after its checkpoint that the stopped run logged are not
+// written again); after a rollback the steps trained again are written again, in a new file, since
+// they differ. The resolved config once, as text.
+void Trainer::open_tensorboard(bool after_rollback) {
+  if (!cfg_.train.tensorboard || !is_lead()) return;
+  tb_.reset();  // flushes the previous file first
+  const std::string dir = cfg_.train.out_dir + "/tb";
+  TensorBoardOptions o;
+  o.first_step = after_rollback ? step_ + 1 : std::max(step_, last_step_written(dir)) + 1;
+  tb_ = std::make_unique<TensorBoardWriter>(dir, o);
+  if (step_ == 0) tb_->add_text("config", 1, "```toml\n" + config_to_toml(cfg_) + "```");
+}
+
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
   console_ = console;
   const int64_t total = cfg_.train.steps;
@@ -472,6 +490,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   if (is_lead()) {
     std::filesystem::create_directories(cfg_.train.out_dir);
     logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console, step_);
+    open_tensorboard(false);
   }
   std::vector<double> losses;
   // Heartbeats for the watchdog's report of a hang: which ranks did not arrive.
@@ -530,6 +549,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     // spike_response.cpp: back to the newest good checkpoint, and on from there.
     if (r.rollback && roll_back(r.step)) {
       if (logger) logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", true, console, step_);
+      if (tb_) open_tensorboard(/*after_rollback=*/true);
       continue;
     }
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
@@ -542,6 +562,14 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());
       find_slowest(r, m);  // collective: every rank logs the same steps
       if (logger) logger->log(m);
+      if (tb_) {
+        tb_->add_step_metrics(m);
+        tb_->add_histogram("train/sample_loss", r.step, r.sample_losses);
+      }
+    }
+    if (tb_ && (r.skipped || r.spike)) {
+      tb_->add_scalar("health/skipped_update", r.step, r.skipped ? 1 : 0);
+      tb_->add_scalar("health/spike_loss_z", r.step, r.loss_z);
     }
     if (step_ == trace_to) finish_trace();
     if (step_ == profile_to) finish_profile();
@@ -582,13 +610,17 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       break;
     }
     const bool step_due = cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0;
-    if ((step_due || flags[1].item<double>() > 0) && r.step != until) start_save();
+    if ((step_due || flags[1].item<double>() > 0) && r.step != until) {
+      if (tb_) tb_->flush();  // what a checkpoint holds is in the event file: a restart leaves no gap
+      start_save();
+    }
   }
   finish_trace();
   finish_profile();
   // The last save is waited for: the run ends with its state committed.
   save();
   summarize_communication();
+  if (tb_) tb_->flush();
   return losses;
 }
 

@@ -39,6 +39,7 @@
 #include "train/checkpoint_writer.h"
 #include "train/ema.h"
 #include "train/metrics.h"
+#include "train/tensorboard.h"
 
 namespace vidit {
 
@@ -63,6 +64,7 @@ struct StepResult {
   // for collectives, from CUDA events (core/gpu_events.h): the busy time stragglers are scored
   // by. -1 on the CPU, where the host's step time less its blocked time is that figure.
   double device_busy_s = -1;
+  std::vector<double> sample_losses;  // this rank's samples' own losses (with spike detection on)
 };
 
 class Trainer {
@@ -151,6 +153,7 @@ class Trainer {
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
   FaultInjector faults_;     // [faults]: off unless a test asks
+  std::unique_ptr<TensorBoardWriter> tb_;  // rank 0 with train.tensorboard (train/tensorboard.h)
   std::unique_ptr<Watchdog> watchdog_;  // ends this process when it stops making progress
   bool stopped_ = false;
   bool console_ = true;
@@ -205,6 +208,7 @@ class Trainer {
   // The end of fit() (run_summary.cpp, collective): where rank 0 waited, by collective, and the
   // bandwidth of every mesh group, naming a group slower than the others of its kind.
   void summarize_communication();
+  void open_tensorboard(bool after_rollback);
 };
 
 }  // namespace vidit

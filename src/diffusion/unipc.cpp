@@ -1,6 +1,7 @@
 #include "diffusion/unipc.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 
@@ -24,11 +25,11 @@ at::Tensor flow_sigmas_f64(int64_t steps, double shift, int64_t T) {
 
 // sum_k w[k] * d[k] over the earlier steps' differences, with the contraction diffusers uses
 // (an einsum over a [B, K, C, ...] stack), so orders above 2 round as it does. Samples of rank
-// below 2 get a unit C dimension for it.
+// 1 ([B]) get a unit C dimension for it.
 at::Tensor weighted_sum(const at::Tensor& w, const std::vector<at::Tensor>& d) {
   const bool flat = d[0].dim() < 2;
   std::vector<at::Tensor> dd;
-  for (const at::Tensor& t : d) dd.push_back(flat ? t.reshape({t.dim() == 0 ? 1 : t.size(0), 1}) : t);
+  for (const at::Tensor& t : d) dd.push_back(flat ? t.reshape({t.size(0), 1}) : t);
   at::Tensor r = at::einsum("k,bkc...->bc...", {w, at::stack(dd, 1)});
   return flat ? r.reshape(d[0].sizes()) : r;
 }

@@ -39,8 +39,9 @@ at::Tensor unipc_sigmas(int64_t steps, double shift);
 at::Tensor unipc_timesteps(int64_t steps, double shift);
 
 // The solver's state across the steps of one trajectory (one batch of samples).
-// Not thread-safe; one instance per trajectory. Works on any device: scalars are computed on the
-// sample's device (no host synchronisation inside step()).
+// Not thread-safe; one instance per trajectory. Works on any device: the scalar coefficients are
+// 0-dim fp32 tensors on the sample's device, as in diffusers (no .item(); the corrector's 2x2
+// linear solve at order >= 2 is the one place a CUDA stream may wait, in diffusers too).
 class UniPCSolver {
  public:
   struct Options {

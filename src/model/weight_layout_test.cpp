@@ -183,7 +183,9 @@ TEST(WeightLayoutRoundTrip, BothLayoutsReadBackBitwiseShardedOrNot) {
     const bool sharded = c.shard < kDefaultMaxShardBytes;
     EXPECT_EQ(fs::exists(out + "/diffusion_pytorch_model.safetensors.index.json"), sharded);
     EXPECT_EQ(fs::exists(out + "/diffusion_pytorch_model.safetensors"), !sharded);
-    if (sharded) EXPECT_GT(count_files(out, ".safetensors"), 2u);
+    if (sharded) {
+      EXPECT_GT(count_files(out, ".safetensors"), 2u);
+    }
     for (const auto& e : fs::directory_iterator(dir.path()))  // no temporary folder left behind
       EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 

@@ -52,6 +52,9 @@ TextEncoder::TextEncoder(const TextEncoderOptions& opts) : opts_(opts) {
   VIDIT_CHECK(!opts_.encoder.empty(), "text encoder: no umT5 weights given: set text.encoder (or --text-encoder) "
               "to a text_encoder folder, a diffusers Wan pipeline folder, or a weight file");
   VIDIT_CHECK(opts_.text_len >= 1 && opts_.batch_size >= 1, "text encoder: text_len and batch_size must be >= 1");
+  std::error_code ec;
+  VIDIT_CHECK(fs::exists(opts_.encoder, ec), "text encoder: '", opts_.encoder, "' does not exist: set text.encoder "
+              "(or --text-encoder) to a text_encoder folder, a diffusers Wan pipeline folder, or a weight file");
   const std::string tok = opts_.tokenizer.empty() ? find_tokenizer_beside(opts_.encoder) : opts_.tokenizer;
   tokenizer_ = std::make_unique<Tokenizer>(tok);
   encoder_ = std::make_unique<Umt5Encoder>(Umt5Encoder::load(opts_.encoder, opts_.dtype, opts_.device));

@@ -32,6 +32,7 @@
 #include "model/attention_backend.h"
 #include "model/fp8.h"
 #include "model/state_dict.h"
+#include "model/weight_layout.h"
 #include "train/checkpoint.h"
 
 namespace vidit {
@@ -77,8 +78,18 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   torch::manual_seed(cfg.train.seed);
   DiT model(cfg.model);
   model->init_weights();
-  if (!cfg.train.init_from.empty())
+  if (!cfg.train.init_from.empty()) {
+    // A release's config.json, when there is one, must agree with the run's model on what the
+    // weights cannot show (their shapes are checked by name below): RoPE's base and the text length.
+    if (!find_transformer_weights(cfg.train.init_from).config.empty()) {
+      const ModelConfig r = read_transformer_config(cfg.train.init_from);
+      VIDIT_CHECK(r.rope_theta == cfg.model.rope_theta && r.text_len == cfg.model.text_len, "train.init_from '",
+                  cfg.train.init_from, "' was trained with rope_theta ", r.rope_theta, " and text_len ", r.text_len,
+                  " (its config.json); this run has model.rope_theta = ", cfg.model.rope_theta, " and model.text_len = ",
+                  cfg.model.text_len, ": set them to match");
+    }
     load_state_dict(*model, read_weights(cfg.train.init_from), cfg.train.init_from);
+  }
   model->to(device_);
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
   // Reused casts: each weight's for the step only where the rank holds its weights whole

@@ -90,6 +90,9 @@ TEST(WanPipeline, SampleWritesTheAskedVideoFromAReleaseFolder) {
                              " --set sample.steps=3 --set sample.solver=\\\"unipc\\\" --set train.device=\\\"cpu\\\""
                              " -o " + mp4 + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.output;
+  // The run's own account of each phase (seconds, peak memory): docs/BENCHMARKS.md quotes it.
+  const size_t wrote = r.output.find("wrote ");
+  if (wrote != std::string::npos) std::printf("%s\n", r.output.substr(wrote, r.output.find('\n', wrote) - wrote).c_str());
   EXPECT_NE(r.output.find("unipc 3 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("decode"), std::string::npos) << r.output;  // the phase report
   const Probe p = ffprobe(mp4);

@@ -15,6 +15,7 @@
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "parallel/mpi_test_util.h"
+#include "text/text_test_util.h"
 #include "../../tests/test_util.h"
 #include "vae/wan_vae.h"
 
@@ -22,10 +23,6 @@ namespace vidit {
 namespace {
 
 namespace fs = std::filesystem;
-
-#ifndef VIDIT_PYTHON
-#define VIDIT_PYTHON "python3"
-#endif
 
 // The tiny transformer: text_dim 64 is the reference umT5's width.
 ModelConfig tiny_wan() {
@@ -35,18 +32,13 @@ ModelConfig tiny_wan() {
   return m;
 }
 
-// Makes <dir>/pipe: the reference's text_encoder/ and tokenizer/, plus transformer/ (diffusers
-// names), vae/Wan2.1_VAE.safetensors and model_index.json. Empty string: skipped (reason in *why).
-std::string make_release(const test::ScratchDir& dir, std::string* why) {
-  const std::string ref = dir / "ref";
-  auto r = test::run_process(std::string(VIDIT_PYTHON) + " " + VIDIT_SOURCE_DIR +
-                             "/tests/reference/umt5_reference.py --no-xxl --out " + ref + " 2>&1");
-  if (r.status == 3) {
-    *why = r.output;
-    return "";
-  }
-  EXPECT_EQ(r.status, 0) << r.output;
-  const std::string root = ref + "/pipe";
+// Makes <dir>/pipe: the umT5 reference's text_encoder/ and tokenizer/ (linked), transformer/
+// (diffusers names), vae/Wan2.1_VAE.safetensors and model_index.json.
+std::string make_release(const test::ScratchDir& dir, const std::string& ref) {
+  const std::string root = dir / "pipe";
+  fs::create_directories(root);
+  fs::create_directory_symlink(ref + "/pipe/text_encoder", root + "/text_encoder");
+  fs::create_directory_symlink(ref + "/pipe/tokenizer", root + "/tokenizer");
   torch::manual_seed(3);
   DiT model(tiny_wan());
   model->init_weights();
@@ -80,10 +72,9 @@ Probe ffprobe(const std::string& path) {
 }
 
 TEST(WanPipeline, SampleWritesTheAskedVideoFromAReleaseFolder) {
+  VIDIT_UMT5_REFERENCE(ref);
   test::ScratchDir dir("wan_pipeline");
-  std::string why;
-  const std::string root = make_release(dir, &why);
-  if (root.empty()) GTEST_SKIP() << why;
+  const std::string root = make_release(dir, ref);
   const std::string mp4 = dir / "out/cat.mp4";
   auto r = test::run_process(std::string(VIDIT_BINARY) + " sample --weights " + root +
                              " -p 'a cat walks across the floor' --frames 9 --size 48x32 --seed 7"
@@ -104,10 +95,9 @@ TEST(WanPipeline, SampleWritesTheAskedVideoFromAReleaseFolder) {
 }
 
 TEST(WanPipeline, SeedDecidesTheVideoAndGuidanceSeesTheNegativePrompt) {
+  VIDIT_UMT5_REFERENCE(ref);
   test::ScratchDir dir("wan_pipeline_api");
-  std::string why;
-  const std::string root = make_release(dir, &why);
-  if (root.empty()) GTEST_SKIP() << why;
+  const std::string root = make_release(dir, ref);
   Config cfg = parse_config("", "<test>", {"sample.steps=2", "sample.cfg_scale=4.0", "text.dtype=\"fp32\""});
   cfg.model = read_transformer_config(root + "/transformer");
   EXPECT_EQ(cfg.model.dim, 32);

@@ -15,6 +15,7 @@
 #include "loader/latent_cache.h"
 #include "parallel/mpi_test_util.h"
 #include "text/text_encoder.h"
+#include "text/text_test_util.h"
 #include "video/video_test_util.h"
 #include "../../tests/test_util.h"
 
@@ -23,17 +24,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#ifndef VIDIT_PYTHON
-#define VIDIT_PYTHON "python3"
-#endif
-
 TEST(CaptionStore, PrepareEmbedsCaptionsWithUmt5BeforeTheVideos) {
   SKIP_WITHOUT_DECODING();
+  VIDIT_UMT5_REFERENCE(ref);
   test::ScratchDir dir("caption_store");
-  auto ref = test::run_process(std::string(VIDIT_PYTHON) + " " + VIDIT_SOURCE_DIR +
-                               "/tests/reference/umt5_reference.py --no-xxl --out " + (dir / "ref") + " 2>&1");
-  if (ref.status == 3) GTEST_SKIP() << ref.output;
-  ASSERT_EQ(ref.status, 0) << ref.output;
   const std::string v = dir / "videos";
   fs::create_directories(v);
   const std::map<std::string, std::string> captions = {
@@ -51,7 +45,7 @@ TEST(CaptionStore, PrepareEmbedsCaptionsWithUmt5BeforeTheVideos) {
                         << "[data]\nsource = \"cache\"\nmanifest = \"" << v << "\"\ncache_dir = \"" << (dir / "cache")
                         << "\"\ncodec = \"demo\"\ncache_dtype = \"fp32\"\ndecode_threads = 1\n"
                         << "[buckets]\nresolutions = [48]\naspect_ratios = [1.3333333]\nframes = [9]\nframe_stride = 4\n"
-                        << "multiple = 8\n[text]\nencoder = \"" << (dir / "ref/pipe") << "\"\ndtype = \"fp32\"\n"
+                        << "multiple = 8\n[text]\nencoder = \"" << (ref + "/pipe") << "\"\ndtype = \"fp32\"\n"
                         << "device = \"cpu\"\n";
   const std::string prepare = std::string(VIDIT_BINARY) + " prepare --config " + config + " 2>&1";
   auto r = test::run_process(prepare);

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,7 +18,8 @@ namespace vidit::text::test {
 
 struct Reference {
   std::string dir;   // the outputs, when made
-  std::string skip;  // why not (Python or a package missing), else ""
+  std::string skip;  // why not (Python or a package missing: the script's exit status 3), else ""
+  std::string error;  // the script failed otherwise: the tests fail with this
 };
 
 inline const Reference& umt5_reference() {
@@ -50,8 +52,10 @@ inline const Reference& umt5_reference() {
     fs::remove(tmp.string() + ".log");
     if (rc != 0) {
       fs::remove_all(tmp);
-      r.skip = "tests/reference/umt5_reference.py failed (" + std::string(VIDIT_PYTHON) + "; needs torch, "
-               "transformers, sentencepiece, safetensors): " + log_text.str().substr(0, 600);
+      const bool missing = WIFEXITED(rc) && WEXITSTATUS(rc) == 3;
+      (missing ? r.skip : r.error) = "tests/reference/umt5_reference.py failed (" + std::string(VIDIT_PYTHON) +
+                                     "; needs torch, transformers, sentencepiece, safetensors): " +
+                                     log_text.str().substr(0, 600);
       return r;
     }
     std::ofstream(tmp / "done") << "ok\n";
@@ -69,6 +73,7 @@ inline const Reference& umt5_reference() {
 #define VIDIT_UMT5_REFERENCE(dir_var)                                   \
   const auto& ref_ = ::vidit::text::test::umt5_reference();             \
   if (!ref_.skip.empty()) GTEST_SKIP() << ref_.skip;                    \
+  ASSERT_TRUE(ref_.error.empty()) << ref_.error;                        \
   const std::string dir_var = ref_.dir
 
 // max |a - b| / max |b|: the relative error the reference tests bound.

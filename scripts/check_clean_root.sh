@@ -46,6 +46,10 @@ phase "debian 12 root made ($NEW)"
 mkdir -p "$NEW/root/vidit"
 (cd "$SRC" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$NEW/root/vidit"
 cp /etc/resolv.conf "$NEW/etc/resolv.conf"
+# What Debian's installer writes and debootstrap leaves out: without /etc/hosts, "localhost" does
+# not resolve (torchrun's rendezvous store listens there).
+printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n' "$(hostname)" > "$NEW/etc/hosts"
+hostname > "$NEW/etc/hostname"
 # This machine's network setup: the local certificate authorities (a TLS-inspecting proxy's, if
 # any), which Debian's ca-certificates adds to the bundle when the install step installs it.
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then

@@ -28,7 +28,16 @@ chmod 755 "$NEW"  # a root directory others can enter (mktemp makes it 0700; mun
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$CACHE/apt"
 command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
-cleanup() { [[ "${VIDIT_KEEP_ROOT:-0}" == 1 ]] && echo "[clean_root] kept $NEW" || rm -rf --one-file-system "$NEW"; }
+cleanup() {
+  # The full run's logs outlive the root: <cache>/last-full/.
+  if [[ -f "$NEW/root/test.log" ]]; then
+    rm -rf "$CACHE/last-full" && mkdir -p "$CACHE/last-full"
+    cp "$NEW"/root/*.log "$CACHE/last-full/" 2>/dev/null || true
+    cp "$NEW"/root/vidit/build/Testing/Temporary/LastTest.log* "$CACHE/last-full/" 2>/dev/null || true
+    echo "[clean_root] logs in $CACHE/last-full/"
+  fi
+  [[ "${VIDIT_KEEP_ROOT:-0}" == 1 ]] && echo "[clean_root] kept $NEW" || rm -rf --one-file-system "$NEW"
+}
 trap cleanup EXIT
 t0=$(date +%s)
 phase() { echo "[clean_root] $(( $(date +%s) - t0 )) s: $*"; }
@@ -93,10 +102,14 @@ if [[ "$MODE" == install ]]; then
   grep -q 'every optional test is on' /root/configure3.log || { echo "FAIL: the Slurm tests did not come back"; exit 1; }
   phase "a removed tool was reported as a skip, and found again after install_deps"
 else
-  bash scripts/test.sh 2>&1 | tail -n 40
-  phase "bash scripts/test.sh done"
-  bash scripts/demo.sh 2>&1 | tail -n 15
+  status=0
+  bash scripts/test.sh > /root/test.log 2>&1 || status=\$?
+  grep -E 'tests passed|\(Failed\)|\(Timeout\)' /root/test.log || tail -n 20 /root/test.log
+  phase "bash scripts/test.sh done (status \$status)"
+  bash scripts/demo.sh > /root/demo.log 2>&1 || status=\$?
+  tail -n 8 /root/demo.log
   phase "bash scripts/demo.sh done"
+  [[ \$status == 0 ]] || { echo "[clean_root] FAIL: see the logs"; exit 1; }
 fi
 echo "[clean_root] PASS ($MODE)"
 EOF

@@ -52,7 +52,7 @@ VIDIT_CONFIG_ENUM(AttentionBackend, automatic, math, flash, efficient, cudnn)
 // faults.kind: what the fault injection does (resilience/fault_injection.h).
 VIDIT_CONFIG_ENUM(FaultKind, none, exit, kill, sigterm, hang, slow, nan_grad, bitflip, corrupt_checkpoint,
                   truncate_checkpoint, disk_full, io_error, slow_storage, kill_in_save, poison_sample, glitch,
-                  poison_cache)
+                  poison_cache, load_io_error, load_permission, load_no_memory, crash_in_commit)
 // train.recompute_policy: what a recomputed block keeps (model/recompute.h).
 VIDIT_CONFIG_ENUM(RecomputePolicy, block, selective)
 // train.spike_action: what a loss or gradient spike does (diagnose/spike_detector.h).
@@ -318,9 +318,13 @@ using NumList = std::vector<double>;
       "\"slow_storage\" (faults.seconds per file), \"kill_in_save\" (SIGKILL mid-file); in the step: "          \
       "\"poison_sample\" (its first sample's latents x 1000: a sample with extreme values), \"glitch\" "    \
       "(its first sample's prediction x 100, once: a transient hardware error); when the cache is "            \
-      "prepared: \"poison_cache\" (sample faults.sample is written with its latents x 1000 and a valid checksum)") \
+      "prepared: \"poison_cache\" (sample faults.sample is written with its latents x 1000 and a valid checksum); " \
+      "while the rank loads the checkpoint of step faults.step at a resume: \"load_io_error\" (EIO), "          \
+      "\"load_permission\" (EACCES), \"load_no_memory\" (ENOMEM from mmap); \"crash_in_commit\" (rank 0 is "   \
+      "killed between the commit's two renames, when the step is saved again)")                               \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
-  KEY(int64_t, rank, 0, non_negative, "the rank it happens on (corrupt/truncate_checkpoint: rank 0 does them)") \
+  KEY(int64_t, rank, 0, non_negative,                                                                 \
+      "the rank it happens on (corrupt/truncate_checkpoint, crash_in_commit: rank 0 does them)")           \
   KEY(std::string, sample, "", any, "poison_cache: the cache key of the sample to poison")             \
   KEY(double, seconds, 2.0, non_negative, "slow: seconds added to each step; slow_storage: to each file written") \
   KEY(int64_t, attempt, 0, non_negative,                                                               \

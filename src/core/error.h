@@ -12,6 +12,18 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A failure the operating system reported (open, fstat, mmap, read), with its errno, so that a
+// caller can tell a file it could not read (EIO, EACCES, ENOMEM: perhaps passing) from one whose
+// content is wrong.
+class SystemError : public Error {
+ public:
+  SystemError(const std::string& what, int code) : Error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
 namespace detail {
 inline void append(std::ostringstream&) {}
 template <typename T, typename... Rest>
@@ -27,6 +39,14 @@ template <typename... Parts>
   std::ostringstream os;
   detail::append(os, parts...);
   throw Error(os.str());
+}
+
+// fail() for an operating system's error `code` (errno): throws SystemError.
+template <typename... Parts>
+[[noreturn]] void fail_system(int code, const Parts&... parts) {
+  std::ostringstream os;
+  detail::append(os, parts...);
+  throw SystemError(os.str(), code);
 }
 
 #define VIDIT_CHECK(cond, ...)            \

@@ -11,7 +11,8 @@ namespace vidit {
 class MappedFile {
  public:
   // `what` names the file's role in messages ("cache shard", "checkpoint part"); `fix` says what
-  // to do when it cannot be opened. Throws vidit::Error naming the file.
+  // to do when it cannot be opened. Throws SystemError (core/error.h, with errno) naming the file
+  // when the system refuses to open or map it, vidit::Error when it is empty.
   MappedFile(const std::string& path, const std::string& what, const std::string& fix = "");
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;

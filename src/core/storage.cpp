@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 namespace vidit {
 namespace fs = std::filesystem;
@@ -83,6 +84,28 @@ class LocalStorage : public Storage {
     if (fd < 0) return;  // nothing to make durable
     ::fsync(fd);
     ::close(fd);
+  }
+  std::unique_ptr<MappedFile> map(const std::string& path, const std::string& what) override {
+    return std::make_unique<MappedFile>(path, what);
+  }
+  std::string read(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail_system(errno, "'", path, "' cannot be opened: ", std::strerror(errno));
+    std::string out;
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        fail_system(err, "'", path, "' cannot be read: ", std::strerror(err));
+      }
+      out.append(buf, size_t(n));
+    }
+    ::close(fd);
+    return out;
   }
 };
 

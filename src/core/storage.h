@@ -1,14 +1,18 @@
-// Storage: the few file-system operations a checkpoint save needs (create and append to a file,
-// fsync it, rename, remove, make directories), behind one small interface, so that a wrapper
+// Storage: the few file-system operations a checkpoint save and load need (create and append to
+// a file, fsync it, rename, remove, make directories; map a file, read a small one), behind one
+// small interface, so that a wrapper
 // can stand between the writer and the disk. ForwardingStorage passes every call on to another
 // Storage; a wrapper derives from it and changes only what it needs. The fault injection's
 // failing and slow storage is one (resilience/faulty_storage.h); a remote object store would be
-// another. Every failure throws vidit::Error naming the path and the system's reason.
+// another. Every failure throws vidit::Error naming the path and the system's reason; those of
+// the reading calls are SystemError (core/error.h), carrying errno.
 #pragma once
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+
+#include "core/mapped_file.h"
 
 namespace vidit {
 
@@ -32,6 +36,10 @@ class Storage {
   virtual void create_dirs(const std::string& path) = 0;
   // fsync of a directory, so that the names created or renamed in it are durable.
   virtual void sync_dir(const std::string& path) = 0;
+  // Reading: the whole file mapped read-only (`what` names its role in messages), and a small
+  // file's bytes. Throw SystemError (ENOENT for a file that is not there).
+  virtual std::unique_ptr<MappedFile> map(const std::string& path, const std::string& what) = 0;
+  virtual std::string read(const std::string& path) = 0;
 
   // Writes `bytes` to `path` durably and atomically: `path.tmp`, fsync, rename, fsync of the
   // directory. Either the old content or the new one is found after a crash.
@@ -52,6 +60,10 @@ class ForwardingStorage : public Storage {
   void remove_all(const std::string& path) override { base_.remove_all(path); }
   void create_dirs(const std::string& path) override { base_.create_dirs(path); }
   void sync_dir(const std::string& path) override { base_.sync_dir(path); }
+  std::unique_ptr<MappedFile> map(const std::string& path, const std::string& what) override {
+    return base_.map(path, what);
+  }
+  std::string read(const std::string& path) override { return base_.read(path); }
 
  protected:
   Storage& base() { return base_; }

@@ -109,9 +109,19 @@ bool FaultInjector::poison_loss(int64_t step) {
 Storage& FaultInjector::storage_for_save(int64_t step, Storage& base) {
   const FaultKind k = cfg_.kind;
   if (k != FaultKind::disk_full && k != FaultKind::io_error && k != FaultKind::slow_storage &&
-      k != FaultKind::kill_in_save)
+      k != FaultKind::kill_in_save && k != FaultKind::crash_in_commit)
     return base;
   if (!mine(step)) return base;
+  fired_ = true;
+  storage_ = std::make_unique<FaultyStorage>(base, k, cfg_.seconds);
+  return *storage_;
+}
+
+Storage& FaultInjector::storage_for_load(int64_t step, Storage& base) {
+  const FaultKind k = cfg_.kind;
+  if (k != FaultKind::load_io_error && k != FaultKind::load_permission && k != FaultKind::load_no_memory) return base;
+  // faults.step 0: whichever checkpoint the resume reads first.
+  if (!on_ || fired_ || rank_ != int(cfg_.rank) || (cfg_.step != 0 && step != cfg_.step)) return base;
   fired_ = true;
   storage_ = std::make_unique<FaultyStorage>(base, k, cfg_.seconds);
   return *storage_;

@@ -22,7 +22,12 @@
 //    slow_storage, kill_in_save (faulty_storage.h);
 //  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
 //    overwrites 4 KiB in the middle of its first model part with garbage, or truncates that
-//    file to half its size (bit rot, a torn copy).
+//    file to half its size (bit rot, a torn copy);
+//  - crash_in_commit: rank 0 dies (SIGKILL) inside the commit of that checkpoint, right after
+//    its first rename of the directory (faulty_storage.h);
+//  - load_io_error, load_permission, load_no_memory: while it reads the checkpoint of step
+//    `faults.step` (0: whichever it reads first) at a resume, the first file it maps fails with
+//    EIO, EACCES or ENOMEM (use faults.attempt >= 1: the first attempt has nothing to resume).
 // A process fault waits for a save in flight to be committed (process_fault_after).
 // Each fault fires once per process (slow: from then on) and says on stderr what it did, and
 // only in attempt `faults.attempt` of the job (0: the first), counted by the launcher
@@ -66,6 +71,8 @@ class FaultInjector {
   void slow_compute(int64_t step);
   // The storage the save of `step` writes through: `base`, or a failing wrapper over it.
   Storage& storage_for_save(int64_t step, Storage& base);
+  // The storage a resume reads the checkpoint of `step` through: `base`, or a failing wrapper.
+  Storage& storage_for_load(int64_t step, Storage& base);
   // After the checkpoint of `step` was committed in `dir` (rank 0's view; "" on other ranks).
   void after_save(int64_t step, const std::string& dir);
 

@@ -66,4 +66,23 @@ std::unique_ptr<WritableFile> FaultyStorage::create(const std::string& path) {
   return std::make_unique<FaultyFile>(ForwardingStorage::create(path), kind_, first);
 }
 
+void FaultyStorage::rename(const std::string& from, const std::string& to) {
+  ForwardingStorage::rename(from, to);
+  const std::string name = to.substr(to.find_last_of('/') + 1);
+  if (kind_ != FaultKind::crash_in_commit || name.rfind("step_", 0) != 0 || renames_.fetch_add(1) != 0) return;
+  std::fprintf(stderr, "fault injection: rank kills itself (SIGKILL) in the commit, after renaming %s to %s\n",
+               from.c_str(), to.c_str());
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+}
+
+std::unique_ptr<MappedFile> FaultyStorage::map(const std::string& path, const std::string& what) {
+  const int err = kind_ == FaultKind::load_io_error ? EIO : kind_ == FaultKind::load_permission ? EACCES
+                : kind_ == FaultKind::load_no_memory ? ENOMEM : 0;
+  if (err == 0 || maps_.fetch_add(1) != 0) return ForwardingStorage::map(path, what);
+  std::fprintf(stderr, "fault injection: mapping %s for reading fails (%s)\n", path.c_str(),
+               err == EIO ? "EIO" : err == EACCES ? "EACCES" : "ENOMEM");
+  fail_system(err, what, " '", path, "' cannot be ", err == ENOMEM ? "mapped: " : "opened: ", std::strerror(err));
+}
+
 }  // namespace vidit

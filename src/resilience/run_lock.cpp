@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -48,6 +49,76 @@ bool alive(long pid) {
   return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
+// Which process holds a pid. Field 22 of /proc/<pid>/stat is when the process started, in clock
+// ticks since boot: a pid reused by a later process has a later start. -1 when unknown (no such
+// process, or no /proc).
+long long start_ticks(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return -1;
+  // Fields are split by spaces after the command name, which may itself hold spaces and ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(fields >> field)) return -1;
+  try {
+    return std::stoll(field);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// A start in clock ticks since boot as a local date and time, for messages.
+std::string when_started(long long ticks) {
+  std::ifstream stat("/proc/stat");
+  std::string key;
+  long long boot = -1;  // the "btime" line: the boot time in seconds since the epoch
+  while (stat >> key) {
+    if (key == "btime") {
+      stat >> boot;
+      break;
+    }
+    stat.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (boot < 0 || hz <= 0) return std::to_string(ticks) + " clock ticks after boot";
+  const std::time_t t = std::time_t(boot + ticks / hz);
+  std::tm local{};
+  char text[32] = {0};
+  ::localtime_r(&t, &local);
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &local);
+  return text;
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// This process's pid namespace ("pid:[4026531836]"); "" when /proc does not say.
+std::string pid_namespace() {
+  char link[128] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", link, sizeof link - 1);
+  return n > 0 ? std::string(link, size_t(n)) : std::string();
+}
+
+// The holder with `pid` on this host and in this pid namespace is alive: its process exists, is
+// not a zombie and, when its lock recorded its start (`start` >= 0), started then. A live pid
+// that started at another time belongs to another process: false, and `reused` says so.
+bool holder_alive(long pid, long long start, std::string* reused) {
+  if (!alive(pid)) return false;
+  if (start < 0) return true;  // a lock of an older vidit, without its start: the pid alone decides
+  const long long now = start_ticks(pid);
+  if (now < 0 || now == start) return true;  // unknown (no /proc): trust the pid, as before
+  *reused = "pid " + std::to_string(pid) + " now belongs to another process, started at " + when_started(now) +
+            ", not the holder, which started at " + when_started(start) + ", so the holder is gone";
+  return false;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -77,7 +148,14 @@ RunLock::RunLock(const std::string& out_dir, double stale_s) : stale_s_(stale_s)
   path_ = (fs::path(out_dir) / "vidit.lock").string();
   const std::string host = host_name();
   const long pid = long(::getpid());
-  content_ = nlohmann::json{{"host", host}, {"pid", pid}, {"started", long(std::time(nullptr))}}.dump() + "\n";
+  // Which process this is, so that a later run can tell it from another that reuses its pid.
+  const long long my_start = start_ticks(pid);
+  const std::string boot_id = first_line("/proc/sys/kernel/random/boot_id"), pid_ns = pid_namespace();
+  nlohmann::json mine{{"host", host}, {"pid", pid}, {"started", long(std::time(nullptr))}};
+  if (my_start >= 0) mine["proc_start"] = my_start;
+  if (!boot_id.empty()) mine["boot_id"] = boot_id;
+  if (!pid_ns.empty()) mine["pid_ns"] = pid_ns;
+  content_ = mine.dump() + "\n";
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (create_exclusive(path_, content_)) break;
     // Someone holds it: alive, or a run that died?
@@ -90,18 +168,29 @@ RunLock::RunLock(const std::string& out_dir, double stale_s) : stale_s_(stale_s)
     const std::string their_host = holder.value("host", std::string("?"));
     const long their_pid = holder.value("pid", 0L);
     const std::string who = "host " + their_host + ", pid " + std::to_string(their_pid);
+    // Its pid names a process here only when the lock comes from this boot and this pid namespace.
+    // A lock written by an older vidit has none of these fields: its pid alone decides, as before.
+    const auto other = [&](const char* key, const std::string& ours) {
+      const auto it = holder.find(key);
+      return it != holder.end() && it->is_string() && !ours.empty() && it->get<std::string>() != ours;
+    };
+    const bool same_pids =
+        their_host == host && their_pid > 0 && !other("boot_id", boot_id) && !other("pid_ns", pid_ns);
+    const auto start = holder.find("proc_start");
+    const long long their_start = start != holder.end() && start->is_number_integer() ? start->get<long long>() : -1;
+    std::string reused;  // why a live pid is not the holder's process
     bool dead = false;
-    if (their_host == host && their_pid > 0) {
+    if (same_pids) {
       // A run that is ending (its launcher has just ended the job, and a restart came at once)
       // is given a few seconds to go.
       const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(8.0, stale_s_));
-      while (!(dead = !alive(their_pid)) && std::chrono::steady_clock::now() < until)
+      while (!(dead = !holder_alive(their_pid, their_start, &reused)) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       VIDIT_CHECK(dead, "another run is using ", out_dir, " (", who, ", lock ", path_,
                   "): two runs on one out_dir would mix their checkpoints. Stop it, or give this run another "
                   "train.out_dir");
     } else {
-      // Another host: alive when it refreshes the lock while we watch.
+      // Another host (or another boot or pid namespace): alive when it refreshes the lock while we watch.
       timespec first{}, now{};
       double age = age_s(path_, &first);
       const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(stale_s_);
@@ -117,7 +206,8 @@ RunLock::RunLock(const std::string& out_dir, double stale_s) : stale_s_(stale_s)
       if (age < 0) continue;  // released meanwhile: try again
     }
     if (dead) {
-      took_over_ = "the run lock " + path_ + " of a run that is gone (" + who + ") was taken over";
+      took_over_ = "the run lock " + path_ + " of a run that is gone (" + who + ") was taken over" +
+                   (reused.empty() ? "" : ": " + reused);
       fs::remove(path_, ec);
     }
   }

@@ -9,6 +9,15 @@
 // time has not been refreshed for `stale_s`. A lock of another host that looks fresh is watched
 // for up to `stale_s`: refreshed in that time means alive (refused), not refreshed means dead.
 //
+// A pid alone does not name a process: pids are reused, and in a container, where the run is
+// often pid 1 or close to it, a restart's pid is usually the dead run's. So the lock also records
+// which process holds that pid: its start time in clock ticks since boot ("proc_start", field 22
+// of /proc/<pid>/stat), the kernel's boot id ("boot_id") and the pid namespace ("pid_ns"). A
+// same-host holder is alive only while a process with its pid exists and started at the recorded
+// tick; a live pid with another start time is a reused pid, and the lock is taken over. A lock
+// from another boot or pid namespace (a reboot, or a second machine or container that shares the
+// host name) names a pid that means nothing here, so it is judged like another host's, by age.
+//
 // check_out_dir: before training starts, out_dir must be writable and have room for at least
 // one more checkpoint, so that a full or read-only disk is found now, not at the first save.
 #pragma once
@@ -29,7 +38,7 @@ class RunLock {
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
   const std::string& path() const { return path_; }
-  // Said when a stale lock was taken over ("" otherwise).
+  // Said when a stale lock was taken over, and why the holder counts as gone ("" otherwise).
   const std::string& took_over() const { return took_over_; }
 
  private:

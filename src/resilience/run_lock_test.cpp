@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "../../tests/test_util.h"
@@ -19,6 +20,7 @@
 namespace vidit {
 namespace {
 
+// A lock as an older vidit wrote it: no start of its process, so judged by its pid alone.
 void write_lock(const std::string& dir, const std::string& host, long pid) {
   std::ofstream(dir + "/vidit.lock") << "{\"host\":\"" << host << "\",\"pid\":" << pid << ",\"started\":0}\n";
 }
@@ -66,6 +68,79 @@ TEST(RunLock, DeadHolderOnThisHostIsTakenOver) {
   write_lock(dir.path(), host_name(), child);
   RunLock lock(dir.path());
   EXPECT_NE(lock.took_over().find("pid " + std::to_string(child)), std::string::npos) << lock.took_over();
+}
+
+// The lock this process writes, with which process it is (its start, boot id, pid namespace).
+nlohmann::json own_lock_record(const test::ScratchDir& dir) {
+  RunLock mine(dir.path());
+  return nlohmann::json::parse(std::ifstream(dir / "vidit.lock"));
+}
+
+// A restarted container's run often gets the dead run's pid. A lock naming a live pid whose
+// process started at another time than the lock says is taken over at once, and says why.
+TEST(RunLock, ReusedPidOnThisHostIsTakenOver) {
+  test::ScratchDir dir("lock_reused");
+  nlohmann::json record = own_lock_record(dir);
+  ASSERT_TRUE(record.contains("proc_start") && record.contains("boot_id") && record.contains("pid_ns")) << record;
+  // This test's own pid, alive, but as if written by an earlier process that had it.
+  const long long start = record["proc_start"].get<long long>();
+  record["proc_start"] = start > 1000 ? start - 1000 : start + 1000;
+  std::ofstream(dir / "vidit.lock") << record.dump() << "\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  RunLock lock(dir.path());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 4);  // not waited for
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_NE(lock.took_over().find("pid " + pid + " now belongs to another process, started at "), std::string::npos)
+      << lock.took_over();
+  EXPECT_NE(lock.took_over().find("so the holder is gone"), std::string::npos) << lock.took_over();
+}
+
+// A live holder whose lock records its real start (it was written by RunLock in that process) is
+// refused, start time and all.
+TEST(RunLock, LiveHolderWithItsStartIsRefused) {
+  test::ScratchDir dir("lock_live_start");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(ready[0]);
+    try {
+      RunLock lock(dir.path());
+      const char ok = 1;
+      if (::write(ready[1], &ok, 1) != 1) ::_exit(1);
+      ::pause();
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  ::close(ready[1]);
+  char ok = 0;
+  const bool held = ::read(ready[0], &ok, 1) == 1;
+  ::close(ready[0]);
+  nlohmann::json record;
+  std::string why;
+  if (held) {
+    record = nlohmann::json::parse(std::ifstream(dir / "vidit.lock"));
+    why = error_of([&] { RunLock lock(dir.path(), 1); });
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(held) << "the child could not take the lock";
+  EXPECT_EQ(record.value("pid", 0L), long(child)) << record;
+  EXPECT_TRUE(record.contains("proc_start")) << record;
+  EXPECT_NE(why.find("another run is using"), std::string::npos) << why;
+  EXPECT_NE(why.find("pid " + std::to_string(child)), std::string::npos) << why;
+}
+
+// A lock from another pid namespace (another container sharing the host name) names a pid that
+// means nothing here, even a live one: it is judged by age, like another host's.
+TEST(RunLock, OtherPidNamespacesLockIsJudgedByAge) {
+  test::ScratchDir dir("lock_other_ns");
+  nlohmann::json record = own_lock_record(dir);
+  record["pid_ns"] = "pid:[1]";
+  std::ofstream(dir / "vidit.lock") << record.dump() << "\n";  // this live pid, not refreshed
+  RunLock lock(dir.path(), 1);
+  EXPECT_NE(lock.took_over().find("pid " + std::to_string(::getpid())), std::string::npos) << lock.took_over();
 }
 
 TEST(RunLock, OtherHostsLockIsTakenOverOnlyWhenStale) {

@@ -48,24 +48,35 @@ TensorMap AdamW::state() const {
   return out;
 }
 
-void AdamW::load_state(const TensorMap& state, const std::string& source) {
-  auto get = [&](const std::string& key, const at::Tensor& like) {
-    auto it = state.find(key);
-    VIDIT_CHECK(it != state.end(), "optimizer state '", source, "' has no key '", key,
-                "': was it written for another model config?");
-    VIDIT_CHECK(it->second.sizes().equals(like.sizes()), "optimizer state '", source, "': key '", key,
-                "' has shape ", it->second.sizes(), " but the parameter has ", like.sizes());
-    return it->second;
-  };
-  at::Tensor step = get("step", at::empty({1}));
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
-  for (auto& s : slots_) {
-    copies.emplace_back(s.exp_avg, get("exp_avg/" + s.name, s.exp_avg));
-    copies.emplace_back(s.exp_avg_sq, get("exp_avg_sq/" + s.name, s.exp_avg_sq));
+namespace {
+const at::Tensor& state_entry(const TensorMap& state, const std::string& key, const at::Tensor& like,
+                              const std::string& source) {
+  auto it = state.find(key);
+  VIDIT_CHECK(it != state.end(), "optimizer state '", source, "' has no key '", key,
+              "': was it written for another model config?");
+  VIDIT_CHECK(it->second.sizes().equals(like.sizes()), "optimizer state '", source, "': key '", key,
+              "' has shape ", it->second.sizes(), " but the parameter has ", like.sizes());
+  return it->second;
+}
+}  // namespace
+
+void AdamW::check_state(const TensorMap& state, const std::string& source) const {
+  VIDIT_CHECK(state_entry(state, "step", at::empty({1}), source).numel() == 1, "optimizer state '", source,
+              "': 'step' is not one number");
+  for (const auto& s : slots_) {
+    state_entry(state, "exp_avg/" + s.name, s.exp_avg, source);
+    state_entry(state, "exp_avg_sq/" + s.name, s.exp_avg_sq, source);
   }
+}
+
+void AdamW::load_state(const TensorMap& state, const std::string& source) {
+  check_state(state, source);
   at::NoGradGuard ng;
-  for (auto& [dst, src] : copies) dst.copy_(src);
-  step_ = step.item<int64_t>();
+  for (auto& s : slots_) {
+    s.exp_avg.copy_(state.at("exp_avg/" + s.name));
+    s.exp_avg_sq.copy_(state.at("exp_avg_sq/" + s.name));
+  }
+  step_ = state.at("step").item<int64_t>();
   for (auto& s : slots_) s.step.fill_(double(step_));
 }
 

@@ -26,7 +26,10 @@ class AdamW {
   static bool no_decay(const std::string& name, const at::Tensor& p);
 
   TensorMap state() const;  // "exp_avg/<name>", "exp_avg_sq/<name>", "step"
-  // Restores state(); throws vidit::Error naming the missing / mis-shaped key.
+  // Throws vidit::Error naming a key of state() that `state` lacks or holds in another shape;
+  // changes nothing.
+  void check_state(const TensorMap& state, const std::string& source) const;
+  // Restores state(), checked first: on an error nothing has changed.
   void load_state(const TensorMap& state, const std::string& source);
 
  private:

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +18,8 @@
 #include <set>
 #include <thread>
 #include <chrono>
+
+#include <c10/util/Exception.h>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -317,6 +321,19 @@ std::vector<std::string> checkpoint_candidates(const std::string& out_dir) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   std::vector<std::string> out;
   if (!fs::is_directory(root)) return out;
+  // A crash between the commit's two renames (step N saved again: step_N -> step_N.old, then
+  // step_N.tmp -> step_N) leaves step_N.old alone: it is the committed step N.
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) != 0 || n.size() < 5 || n.substr(n.size() - 4) != ".old") continue;
+    const fs::path back = root / n.substr(0, n.size() - 4);
+    if (!fs::exists(e.path() / "meta.json") || fs::exists(back / "meta.json")) continue;
+    std::error_code ec;
+    fs::remove_all(back, ec);  // an uncommitted leftover of that name, if any
+    fs::rename(e.path(), back, ec);
+    if (!ec) std::fprintf(stderr, "%s: put back from %s (a save of that step again was cut off between its renames)\n",
+                          back.string().c_str(), n.c_str());
+  }
   // Every committed checkpoint (meta.json is written last, after the manifest), newest first.
   // `latest` names the newest too, but is not needed: a missing or stale pointer (a crash
   // between the rename and its update) changes nothing.
@@ -334,11 +351,60 @@ std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
   return all[0];
 }
 
-std::string set_aside_checkpoint(const std::string& dir) {
+std::vector<std::string> traces_of_checkpoints(const std::string& out_dir) {
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  std::vector<std::string> out;
+  if (!fs::is_directory(root)) return out;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && (n.find(".corrupt") != std::string::npos || n.find(".old") != std::string::npos))
+      out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string set_aside_checkpoint(const std::string& dir, const std::string& now_latest, int64_t keep) {
   fs::path bad = dir + ".corrupt";
-  fs::remove_all(bad);
+  for (int i = 2; fs::exists(bad); ++i) bad = dir + ".corrupt." + std::to_string(i);
   fs::rename(dir, bad);
+  const fs::path root = fs::path(dir).parent_path();
+  if (!now_latest.empty()) local_storage().write_atomic((root / "latest").string(), fs::path(now_latest).filename().string() + "\n");
+  if (keep > 0) {
+    // The newest `keep` set aside stay for inspection (by step, then by when they were set aside).
+    std::vector<std::pair<fs::file_time_type, fs::path>> aside;
+    for (const auto& e : fs::directory_iterator(root))
+      if (e.path().filename().string().find(".corrupt") != std::string::npos)
+        aside.emplace_back(fs::last_write_time(e.path()), e.path());
+    std::sort(aside.begin(), aside.end(), [](const auto& a, const auto& b) {
+      return step_of(a.second) != step_of(b.second) ? step_of(a.second) > step_of(b.second) : a.first > b.first;
+    });
+    for (size_t i = size_t(keep); i < aside.size(); ++i) {
+      std::fprintf(stderr, "removing %s: only the newest %lld checkpoints set aside are kept\n",
+                   aside[i].second.string().c_str(), (long long)keep);
+      std::error_code ec;
+      fs::remove_all(aside[i].second, ec);
+    }
+  }
   return bad.string();
+}
+
+int64_t seal_checkpoint(const std::string& dir) {
+  VIDIT_CHECK(fs::exists(fs::path(dir) / "meta.json"), "'", dir, "' has no meta.json: not a committed checkpoint");
+  VIDIT_CHECK(!fs::exists(fs::path(dir) / "manifest.json"), "checkpoint '", dir,
+              "' has a manifest already; `vidit checkpoint verify` checks it");
+  nlohmann::json manifest = {{"files", nlohmann::json::object()}, {"sealed", true}};
+  int64_t tensors = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 12 || name.substr(name.size() - 12) != ".safetensors") continue;
+    MappedFile f(e.path().string(), "checkpoint file");
+    nlohmann::json sums = nlohmann::json::object();
+    for (const auto& [key, t] : view_safetensors(f.data(), f.size(), e.path().string())) sums[key] = checksum(t), ++tensors;
+    manifest["files"][name] = {{"bytes", f.size()}, {"tensors", sums}};
+  }
+  local_storage().write_atomic((fs::path(dir) / "manifest.json").string(), manifest.dump(1));
+  return tensors;
 }
 
 struct CheckpointReader::Part {
@@ -348,106 +414,166 @@ struct CheckpointReader::Part {
 };
 
 namespace {
-// Runs `f`, turning every failure into CheckpointCorrupt.
+// Runs `f`, which reads `file`: a failure becomes CheckpointCorrupt naming the file, unless it is
+// no proof of damage: an error of the system other than a file not found (EIO, EACCES, ENOMEM,
+// ...), or memory running out. Those become CheckpointUnreadable.
 template <class F>
-auto as_corrupt(F&& f) {
+auto classify(const std::string& file, F&& f) {
   try {
     return f();
   } catch (const CheckpointCorrupt&) {
     throw;
-  } catch (const Error& e) {
-    throw CheckpointCorrupt(e.what());
+  } catch (const CheckpointUnreadable&) {
+    throw;
+  } catch (const SystemError& e) {
+    if (e.code() == ENOENT) throw CheckpointCorrupt(e.what(), file);
+    throw CheckpointUnreadable(e.what(), e.code());
+  } catch (const std::bad_alloc&) {
+    throw CheckpointUnreadable("out of memory while reading '" + file + "'", ENOMEM);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw CheckpointUnreadable("out of memory while reading '" + file + "': " + e.what_without_backtrace(), ENOMEM);
   } catch (const std::exception& e) {
-    throw CheckpointCorrupt(e.what());
+    throw CheckpointCorrupt(e.what(), file);
   }
+}
+
+// The format number of meta.json's "format" ("vidit-checkpoint-N"; none: the first); 0 when it
+// is not one of ours.
+int format_version(const nlohmann::json& meta) {
+  if (!meta.contains("format")) return 1;
+  const std::string f = meta.at("format").get<std::string>();
+  const std::string prefix = "vidit-checkpoint-";
+  if (f.rfind(prefix, 0) != 0 || f.size() == prefix.size()) return 0;
+  for (size_t i = prefix.size(); i < f.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(f[i]))) return 0;
+  return std::atoi(f.c_str() + prefix.size());
 }
 }  // namespace
 
-CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
-  as_corrupt([&] { open(); });
-}
+CheckpointReader::CheckpointReader(const std::string& dir, Storage& storage) : dir_(dir) { open(storage); }
 
-void CheckpointReader::open() {
+void CheckpointReader::open(Storage& storage) {
   const std::string& dir = dir_;
   fs::path d(dir);
   CheckpointState& s = meta_;
-  std::ifstream in(d / "meta.json");
-  VIDIT_CHECK(in, "checkpoint '", dir, "' has no meta.json: it is incomplete or not a checkpoint");
   // Each kind's files by part index.
   std::function<std::string(const std::string&, int64_t)> file_of;
   int64_t count = 1;
-  try {
-    nlohmann::json meta;
-    in >> meta;
-    s.step = meta.at("step").get<int64_t>();
-    s.ema_updates = meta.at("ema_updates").get<int64_t>();
-    s.sampler.seed = meta.at("sampler").at("seed").get<uint64_t>();
-    s.sampler.epoch = meta.at("sampler").at("epoch").get<int64_t>();
-    s.sampler.position = meta.at("sampler").at("position").get<int64_t>();
-    s.config_toml = meta.at("config").get<std::string>();
-    if (meta.contains("layouts")) {
-      for (const auto& [name, l] : meta.at("layouts").items()) s.layouts[name] = layout_from_json(l);
-      s.part.dims = meta.at("parts").at("dims").get<std::vector<std::string>>();
-      s.part.degrees = meta.at("parts").at("degrees").get<std::vector<int>>();
-      count = s.part.count();
-      file_of = [count](const std::string& what, int64_t i) { return part_name(what, i, count); };
-    } else if (meta.contains("shards")) {
-      // The first format: FSDP shards (and tensor-parallel parts) recorded as shapes of the
-      // parts and split dims; as layouts, Split over "tensor" then Flat over "shard".
-      const int S = meta.at("shards").at("count").get<int>();
-      const int T = meta.contains("tensor") ? meta.at("tensor").at("count").get<int>() : 1;
-      const auto shapes = meta.at("shards").at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
-      const auto split = meta.contains("tensor") ? meta.at("tensor").at("split").get<std::map<std::string, int>>()
-                                                 : std::map<std::string, int>{};
-      for (const auto& [name, shape] : shapes) {
-        Layout l{shape, {}};
-        auto it = split.find(name);
-        if (T > 1 && it != split.end()) {
-          l.shape[size_t(it->second)] *= T;
-          l.cuts.push_back(Cut{Cut::Kind::Split, "tensor", it->second, T});
-        }
-        l.cuts.push_back(Cut{Cut::Kind::Flat, "shard", 0, S});
-        s.layouts[name] = l;
-      }
-      s.part.dims = {"tensor", "shard"};
-      s.part.degrees = {T, S};
-      count = s.part.count();
-      file_of = [S, T](const std::string& what, int64_t i) { return v1_part_name(what, i % S, S, i / S, T); };
-    } else {
-      file_of = [](const std::string& what, int64_t) { return what + ".safetensors"; };
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
-  }
-  nlohmann::json manifest;
-  if (fs::exists(d / "manifest.json")) {
-    std::ifstream m(d / "manifest.json");
+  int version = 0;
+  classify("meta.json", [&] {
+    const std::string text = storage.read((d / "meta.json").string());
     try {
-      m >> manifest;
+      const nlohmann::json meta = nlohmann::json::parse(text);
+      version = format_version(meta);
+      VIDIT_CHECK(version > 0, "checkpoint '", dir, "': meta.json's format '", meta.at("format").dump(),
+                  "' is not a vidit checkpoint's");
+      if (version > kCheckpointFormat)
+        throw CheckpointUnreadable("checkpoint '" + dir + "' is in format " + std::to_string(version) +
+                                       ", written by a newer vidit; this one reads formats up to " +
+                                       std::to_string(kCheckpointFormat) +
+                                       ". Resume with the vidit that wrote it (or a newer one); the checkpoint is left as it is",
+                                   0);
+      s.step = meta.at("step").get<int64_t>();
+      const std::string name = d.filename().string();
+      if (name.rfind("step_", 0) == 0 && name.size() == 13 && name.find_first_not_of("0123456789", 5) == std::string::npos)
+        VIDIT_CHECK(s.step == std::stoll(name.substr(5)), "checkpoint '", dir, "': meta.json says step ", s.step,
+                    " but the directory is ", name);
+      s.ema_updates = meta.at("ema_updates").get<int64_t>();
+      s.sampler.seed = meta.at("sampler").at("seed").get<uint64_t>();
+      s.sampler.epoch = meta.at("sampler").at("epoch").get<int64_t>();
+      s.sampler.position = meta.at("sampler").at("position").get<int64_t>();
+      s.config_toml = meta.at("config").get<std::string>();
+      if (meta.contains("layouts")) {
+        for (const auto& [name, l] : meta.at("layouts").items()) s.layouts[name] = layout_from_json(l);
+        s.part.dims = meta.at("parts").at("dims").get<std::vector<std::string>>();
+        s.part.degrees = meta.at("parts").at("degrees").get<std::vector<int>>();
+        count = s.part.count();
+        VIDIT_CHECK(count >= 1, "checkpoint '", dir, "': meta.json records ", count, " parts");
+        file_of = [count](const std::string& what, int64_t i) { return part_name(what, i, count); };
+      } else if (meta.contains("shards")) {
+        // The first format: FSDP shards (and tensor-parallel parts) recorded as shapes of the
+        // parts and split dims; as layouts, Split over "tensor" then Flat over "shard".
+        const int S = meta.at("shards").at("count").get<int>();
+        const int T = meta.contains("tensor") ? meta.at("tensor").at("count").get<int>() : 1;
+        const auto shapes = meta.at("shards").at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
+        const auto split = meta.contains("tensor") ? meta.at("tensor").at("split").get<std::map<std::string, int>>()
+                                                   : std::map<std::string, int>{};
+        for (const auto& [name, shape] : shapes) {
+          Layout l{shape, {}};
+          auto it = split.find(name);
+          if (T > 1 && it != split.end()) {
+            l.shape[size_t(it->second)] *= T;
+            l.cuts.push_back(Cut{Cut::Kind::Split, "tensor", it->second, T});
+          }
+          l.cuts.push_back(Cut{Cut::Kind::Flat, "shard", 0, S});
+          s.layouts[name] = l;
+        }
+        s.part.dims = {"tensor", "shard"};
+        s.part.degrees = {T, S};
+        count = s.part.count();
+        file_of = [S, T](const std::string& what, int64_t i) { return v1_part_name(what, i % S, S, i / S, T); };
+      } else {
+        file_of = [](const std::string& what, int64_t) { return what + ".safetensors"; };
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail("checkpoint '", (d / "meta.json").string(), "' is malformed: ", e.what());
+    }
+  });
+  // Every tensor read is verified against the manifest; a checkpoint without one is not loaded
+  // unchecked. This format always commits one (before meta.json): without it, it was lost.
+  if (!fs::exists(d / "manifest.json")) {
+    if (version >= 2)
+      throw CheckpointCorrupt("checkpoint '" + dir + "' has no manifest.json (every checkpoint of format " +
+                                  std::to_string(version) + " is committed with one: it was removed or lost), so "
+                                  "nothing in it can be verified",
+                              "manifest.json");
+    throw CheckpointUnreadable("checkpoint '" + dir + "' (format 1) has no manifest.json, so its tensors cannot be "
+                               "verified. If you trust its files, `vidit checkpoint seal " + dir +
+                               "` records their checksums and the run then loads it",
+                               0);
+  }
+  classify("manifest.json", [&] {
+    const std::string text = storage.read((d / "manifest.json").string());
+    try {
+      const nlohmann::json manifest = nlohmann::json::parse(text);
       for (const auto& [file, entry] : manifest.at("files").items()) {
         const uintmax_t bytes = entry.at("bytes").get<uintmax_t>();
-        VIDIT_CHECK(fs::exists(d / file) && fs::file_size(d / file) == bytes, "checkpoint '", dir, "': ", file,
-                    fs::exists(d / file) ? " has " + std::to_string(fs::file_size(d / file)) + " bytes, the manifest says " +
-                                               std::to_string(bytes) + " (truncated or overwritten)"
-                                         : std::string(" is missing"));
         for (const auto& [key, sum] : entry.at("tensors").items()) sums_[file][key] = sum.get<std::string>();
+        sizes_[file] = bytes;
       }
     } catch (const nlohmann::json::exception& e) {
       fail("checkpoint '", (d / "manifest.json").string(), "' is malformed: ", e.what());
     }
+  });
+  for (const auto& [file, bytes] : sizes_) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(d / file, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      throw CheckpointUnreadable("checkpoint '" + dir + "': " + file + " cannot be read: " + ec.message(), ec.value());
+    if (ec || size != bytes)
+      throw CheckpointCorrupt("checkpoint '" + dir + "': " + file +
+                                  (ec ? std::string(" is missing") : " has " + std::to_string(size) + " bytes, the manifest says " +
+                                                                       std::to_string(bytes) + " (truncated or overwritten)"),
+                              file);
   }
   for (const char* what : {"model", "ema", "optimizer"}) {
-    if (std::string(what) == "ema" && !fs::exists(d / file_of(what, 0))) continue;  // saved without EMA
+    if (std::string(what) == "ema" && !fs::exists(d / file_of(what, 0)) && !sizes_.count(file_of(what, 0))) continue;  // saved without EMA
     std::vector<Part>& parts = parts_[what];
     for (int64_t i = 0; i < count; ++i) {
       const fs::path f = d / file_of(what, i);
-      VIDIT_CHECK(fs::exists(f), "checkpoint '", dir, "' lacks ", f.filename().string(),
-                  count > 1 ? " (" + std::to_string(count) + " parts expected)" : std::string(),
-                  ": it was not saved completely");
+      const std::string name = f.filename().string();
+      if (!sizes_.count(name))
+        throw CheckpointCorrupt("checkpoint '" + dir + "' lacks " + name +
+                                    (count > 1 ? " (" + std::to_string(count) + " parts expected)" : std::string()) +
+                                    (fs::exists(f) ? ", or its manifest does not list it" : "") +
+                                    ": it was not saved completely or was damaged since",
+                                name);
       Part p;
-      p.name = f.filename().string();
-      p.file = std::make_unique<MappedFile>(f.string(), "checkpoint file");
-      p.tensors = view_safetensors(p.file->data(), p.file->size(), f.string());
+      p.name = name;
+      classify(name, [&] {
+        p.file = storage.map(f.string(), "checkpoint file");
+        p.tensors = view_safetensors(p.file->data(), p.file->size(), f.string());
+      });
       parts.push_back(std::move(p));
     }
   }
@@ -472,25 +598,24 @@ std::vector<std::string> CheckpointReader::keys(const std::string& what) const {
 // A cut tensor is put together from its pieces: the piece at coordinates c (over its cuts, in
 // row-major order) is in the part with c on those dimensions and 0 on the others.
 at::Tensor CheckpointReader::whole(const std::string& what, const std::string& key) const {
-  return as_corrupt([&] { return assemble(what, key); });
+  std::string file = what;  // the part being read when a failure comes (set by assemble)
+  return classify(file, [&] { return assemble(what, key, &file); });
 }
 
-at::Tensor CheckpointReader::assemble(const std::string& what, const std::string& key) const {
+at::Tensor CheckpointReader::assemble(const std::string& what, const std::string& key, std::string* file_read) const {
   const std::vector<Part>& ps = parts(what);
   const std::string name = state_param(key, meta_.layouts);
   auto lookup = [&](size_t part) {
     const Part& pt = ps.at(part);
+    *file_read = pt.name;
     auto it = pt.tensors.find(key);
     VIDIT_CHECK(it != pt.tensors.end(), "checkpoint '", dir_, "': part ", part, " of ", what, " lacks '", key, "'");
-    // What is read is verified against the manifest's checksum.
-    auto file = sums_.find(pt.name);
-    if (file != sums_.end()) {
-      auto sum = file->second.find(key);
-      VIDIT_CHECK(sum != file->second.end(), "checkpoint '", dir_, "': the manifest has no checksum of '", key,
-                  "' in ", pt.name);
-      VIDIT_CHECK(checksum(it->second) == sum->second, "checkpoint '", dir_, "': '", key, "' in ", pt.name,
-                  " does not match its checksum (the file was corrupted after it was written)");
-    }
+    // What is read is verified against the manifest's checksum (open() found every file in it).
+    const auto& sums = sums_.at(pt.name);
+    auto sum = sums.find(key);
+    VIDIT_CHECK(sum != sums.end(), "checkpoint '", dir_, "': the manifest has no checksum of '", key, "' in ", pt.name);
+    VIDIT_CHECK(checksum(it->second) == sum->second, "checkpoint '", dir_, "': '", key, "' in ", pt.name,
+                " does not match its checksum (the file was corrupted after it was written)");
     return it->second;
   };
   if (name.empty() || meta_.layouts.at(name).cuts.empty()) return lookup(0).clone();

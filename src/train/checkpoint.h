@@ -10,10 +10,18 @@
 // meta.json is committed), renames the directory into place (a step saved again replaces the old
 // one only once the new one is complete), and only then updates the `latest` pointer. A crash at
 // any point leaves every committed checkpoint intact; stale .tmp directories are removed by the
-// next save. Loading verifies each tensor it reads against the manifest and names the file and
-// tensor that fail; Trainer::resume then falls back to the next newest checkpoint, setting the
-// bad one aside as step_N.corrupt. Retention keeps the newest `keep` committed checkpoints and
-// every `keep_every`-th step.
+// next save, and a step_N.old left by a crash between the commit's two renames (step N saved
+// again) is put back by the next scan when step_N itself is gone. Loading verifies each tensor
+// it reads against the manifest and names the file and tensor that fail.
+//
+// What a failed load means: only proof of damage is corruption (CheckpointCorrupt: a size or
+// checksum mismatch, a file or part missing, our own format's files malformed, a manifest missing
+// where the format always writes one). A checkpoint that cannot be read now or by this binary
+// (CheckpointUnreadable: an I/O or permission error, no memory to map it, a newer format) is not
+// damaged, and nothing is done to it. Trainer::resume falls back past corrupt checkpoints and sets
+// them aside as step_N.corrupt only once an older one has loaded (see there). Retention keeps the
+// newest `keep` committed checkpoints and every `keep_every`-th step, and the newest `keep`
+// checkpoints set aside.
 //
 // Distributed: the tensors are saved as the ranks hold them, in parts described by layouts
 // (parallel/layout.h) and written by one rank each (CheckpointPart there):
@@ -40,20 +48,40 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "core/storage.h"
 #include "loader/epoch_sampler.h"
 #include "parallel/layout.h"
 
 namespace vidit {
 
-class Storage;
+// The format this binary writes ("vidit-checkpoint-2" in meta.json) and the newest it reads.
+inline constexpr int kCheckpointFormat = 2;
 
-// A checkpoint whose files do not verify: missing, truncated, corrupted or malformed (every
-// failure of CheckpointReader). Trainer::resume sets such a checkpoint aside and falls back to
-// an older one; any other failure of a load (a config that does not match) is not this.
+// A checkpoint proven damaged: a file missing, truncated, or not matching its checksum, or one of
+// our files malformed. `file()` names the file it was found in (ranks agree on it before a
+// checkpoint is set aside). Any other failure of a load is not this.
 class CheckpointCorrupt : public Error {
  public:
-  using Error::Error;
+  CheckpointCorrupt(const std::string& what, std::string file) : Error(what), file_(std::move(file)) {}
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
 };
+
+// A checkpoint that could not be read, which proves nothing about its bytes: an I/O error, a
+// permission error, no memory to map it (code(): the system's errno), a format newer than this
+// binary reads, or a first-format checkpoint without a manifest to verify it by (code() 0). A
+// run that meets one stops with kUnreadableCheckpointStatus and leaves the checkpoint as it is.
+class CheckpointUnreadable : public Error {
+ public:
+  CheckpointUnreadable(const std::string& what, int code) : Error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+inline constexpr int kUnreadableCheckpointStatus = 74;  // sysexits' EX_IOERR
 
 struct CheckpointState {
   int64_t step = 0;
@@ -88,12 +116,21 @@ void fail_checkpoint_part(const std::string& tmp_dir, const CheckpointPart& part
 std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep,
                               int64_t keep_every, Storage& storage, double wait_s);
 // Every committed checkpoint under <out_dir>/checkpoints, newest first (a missing or stale
-// `latest` pointer changes nothing), and the newest, if any.
+// `latest` pointer changes nothing), and the newest, if any. A committed step_N.old whose step_N
+// is gone (a crash between the commit's two renames) is renamed back to step_N first.
 std::vector<std::string> checkpoint_candidates(const std::string& out_dir);
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
-// Renames a checkpoint that failed verification to <dir>.corrupt (kept for inspection, no longer
-// a candidate or counted by retention); returns the new name.
-std::string set_aside_checkpoint(const std::string& dir);
+// What <out_dir>/checkpoints holds besides committed checkpoints that shows a run saved there:
+// checkpoints set aside (.corrupt), a step_N.old; empty when nothing.
+std::vector<std::string> traces_of_checkpoints(const std::string& out_dir);
+// Renames a checkpoint proven corrupt to <dir>.corrupt (<dir>.corrupt.2, ... when that name is
+// taken: an older one is never replaced), kept for inspection and no longer a candidate; keeps
+// the newest `keep` set aside (older ones are removed); points `latest` at `now_latest` (the
+// checkpoint resumed from instead). Returns the new name.
+std::string set_aside_checkpoint(const std::string& dir, const std::string& now_latest = "", int64_t keep = 0);
+// Records a manifest (sizes and checksums) for a first-format checkpoint saved without one, from
+// its files as they are now: the user vouches for them. Returns the number of tensors.
+int64_t seal_checkpoint(const std::string& dir);
 // Loads a checkpoint directory whole; throws vidit::Error naming the file on anything missing or bad.
 CheckpointState load_checkpoint(const std::string& dir);
 
@@ -103,9 +140,10 @@ CheckpointState load_checkpoint(const std::string& dir);
 // load_checkpoint() reads everything through it.
 class CheckpointReader {
  public:
-  // Reads meta.json and the manifest and maps every file; throws CheckpointCorrupt naming the
-  // first one missing, malformed or not of its recorded size.
-  explicit CheckpointReader(const std::string& dir);
+  // Reads meta.json and the manifest and maps every file, through `storage`; throws
+  // CheckpointCorrupt naming the first one missing, malformed or not of its recorded size, and
+  // CheckpointUnreadable when the system fails a read or the format is newer.
+  explicit CheckpointReader(const std::string& dir, Storage& storage = local_storage());
   ~CheckpointReader();
   const std::string& dir() const { return dir_; }
   // Everything but the tensors (step, sampler, EMA count, config, layouts).
@@ -120,14 +158,15 @@ class CheckpointReader {
 
  private:
   struct Part;
-  void open();
-  at::Tensor assemble(const std::string& what, const std::string& key) const;
+  void open(Storage& storage);
+  at::Tensor assemble(const std::string& what, const std::string& key, std::string* file_read) const;
   const std::vector<Part>& parts(const std::string& what) const;
   std::string dir_;
   CheckpointState meta_;
   std::map<std::string, std::vector<Part>> parts_;
-  // From manifest.json (checkpoints before it have none): file -> tensor -> checksum.
+  // From manifest.json: file -> tensor -> checksum.
   std::map<std::string, std::map<std::string, std::string>> sums_;
+  std::map<std::string, uintmax_t> sizes_;  // file -> bytes
 };
 
 }  // namespace vidit

@@ -3,7 +3,8 @@
 // {what}.tp-0000t-of-0000T.shard-0000k-of-0000S.safetensors holding each split parameter's rows
 // or columns t, flattened, zero-padded and cut in S chunks, with meta.json's "shards" (count and
 // the parts' shapes) and "tensor" (count and split dims) — and a resume from it continues
-// exactly like the run that saved it.
+// exactly like the run that saved it, once `vidit checkpoint seal` has recorded its checksums
+// (that format's early checkpoints have no manifest).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -98,6 +99,13 @@ TEST(Checkpoint, FirstFormatLoadsAndResumesExactly) {
     Config c = cfg;
     c.train.out_dir = dir.path() + "/v1_" + std::to_string(S) + "x" + std::to_string(T);
     write_v1(c.train.out_dir, at4, S, T);
+    // Without a manifest, nothing it holds can be verified: refused as it is, loaded once sealed.
+    const std::string v1 = *latest_checkpoint(c.train.out_dir);
+    {
+      Trainer refused(c, data, null_text);
+      EXPECT_THROW(refused.resume(), CheckpointUnreadable);
+    }
+    seal_checkpoint(v1);
     Trainer resumed(c, data, null_text);
     ASSERT_TRUE(resumed.resume());
     EXPECT_EQ(resumed.steps_done(), 4);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -315,56 +316,79 @@ std::string Trainer::finish_oldest_save() {
   return done->dir;
 }
 
-void Trainer::load(const std::string& dir) {
-  // One whole tensor at a time: read from the mapped files, cut to this rank's part and
-  // dropped, so that resuming a large model at any mesh needs no more memory than one whole
-  // tensor beyond this rank's state.
-  CheckpointReader ckpt(dir);
+void Trainer::load(const std::string& dir) { apply(read_checkpoint(dir, local_storage())); }
+
+Trainer::Staged Trainer::read_checkpoint(const std::string& dir, Storage& storage) const {
+  // One whole tensor at a time: read from the mapped files, verified, cut to this rank's part
+  // and copied out, so that resuming a large model at any mesh needs no more memory than one
+  // whole tensor beyond a copy of this rank's state.
+  CheckpointReader ckpt(dir, storage);
   const CheckpointState& meta = ckpt.meta();
   auto mine = [&](const char* what, const std::string& key) {
     watchdog_->beat("loading a checkpoint", -1, /*adaptive=*/false);
-    return pm_->local(key, ckpt.whole(what, key));
+    return pm_->local(key, ckpt.whole(what, key)).to(at::kCPU).clone();
   };
+  Staged s;
+  s.dir = dir;
+  s.step = meta.step;
   // Every parameter, by name and whole shape, before anything is read.
   check_state_dict(pm_->whole_shapes(), ckpt.shapes("model"), dir + "/model.safetensors");
-  at::NoGradGuard ng;
-  for (const auto& [name, p] : pm_->params()) at::Tensor(p).copy_(mine("model", name));
+  for (const auto& [name, p] : pm_->params()) s.model[name] = mine("model", name);
   if (ema_) {
     VIDIT_CHECK(ckpt.has("ema"), "checkpoint '", dir, "' has no EMA weights but train.ema_decay > 0");
     const TensorMap saved = ckpt.shapes("ema");
-    for (auto& [name, t] : ema_->weights()) {
+    for (const auto& [name, t] : ema_->weights()) {
       VIDIT_CHECK(saved.count(name), "checkpoint '", dir, "/ema.safetensors' lacks '", name, "'");
-      t.copy_(mine("ema", name));
+      s.ema[name] = mine("ema", name);
     }
-    ema_->set_updates(meta.ema_updates);
+    s.ema_updates = meta.ema_updates;
   }
-  TensorMap optimizer;
-  for (const std::string& key : ckpt.keys("optimizer")) optimizer[key] = mine("optimizer", key);
-  opt_->load_state(optimizer, dir + "/optimizer.safetensors");
-  auto rng = optimizer.find("rng/train");
-  VIDIT_CHECK(rng != optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
+  for (const std::string& key : ckpt.keys("optimizer")) s.optimizer[key] = mine("optimizer", key);
+  opt_->check_state(s.optimizer, dir + "/optimizer.safetensors");
+  auto rng = s.optimizer.find("rng/train");
+  VIDIT_CHECK(rng != s.optimizer.end(), "checkpoint '", dir, "' has no RNG state (rng/train)");
   const int dp_rank = mesh_->coord("dp");
   if (data_->slices_global_batch() || dp_rank == 0) {
-    gen_.set_state(rng->second);  // one stream for all ranks, or rank 0's own
+    s.rng = rng->second;  // one stream for all ranks, or rank 0's own
   } else {
-    auto own = optimizer.find("rng/train.dp" + std::to_string(dp_rank));
-    if (own != optimizer.end())
-      gen_.set_state(own->second);
-    else  // a rank the saving run did not have: a stream of its own from (seed, rank, step)
-      gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, *mesh_) + 7919ull * uint64_t(meta.step));
+    auto own = s.optimizer.find("rng/train.dp" + std::to_string(dp_rank));
+    if (own != s.optimizer.end()) s.rng = own->second;  // else: a rank the saving run did not have
   }
-  std::map<std::string, std::vector<double>> spikes;
-  for (const auto& [key, t] : optimizer)
+  if (s.rng.defined()) {
+    // A state the generator refuses is refused here, before anything changed.
+    at::Generator probe = at::make_generator<at::CPUGeneratorImpl>(0);
+    probe.set_state(s.rng);
+  }
+  for (const auto& [key, t] : s.optimizer)
     if (key.rfind("spikes/", 0) == 0) {
       at::Tensor v = t.to(at::kDouble).contiguous();
-      spikes[key.substr(7)] = std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
+      s.spikes[key.substr(7)] = std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
     }
+  s.sampler = meta.sampler;
+  return s;
+}
+
+void Trainer::apply(Staged&& s) {
+  at::NoGradGuard ng;
+  for (const auto& [name, p] : pm_->params()) at::Tensor(p).copy_(s.model.at(name));
+  if (ema_) {
+    for (auto& [name, t] : ema_->weights()) t.copy_(s.ema.at(name));
+    ema_->set_updates(s.ema_updates);
+  }
+  opt_->load_state(s.optimizer, s.dir + "/optimizer.safetensors");
+  if (s.rng.defined())
+    gen_.set_state(s.rng);
+  else  // a stream of its own from (seed, rank, step)
+    gen_ = at::make_generator<at::CPUGeneratorImpl>(noise_seed(cfg_, *data_, *mesh_) + 7919ull * uint64_t(s.step));
   // Older checkpoints, or another train.spike_bins: the baselines warm up again.
-  if (!spikes_.set_state(spikes) && is_lead() && console_)
-    std::fprintf(stderr, "%s has no spike baselines for train.spike_bins = %lld: they warm up again "
-                         "(train.spike_warmup)\n", dir.c_str(), (long long)cfg_.train.spike_bins);
-  data_->set_state(meta.sampler);
-  step_ = meta.step;
+  if (!spikes_.set_state(s.spikes)) {
+    spikes_ = SpikeDetector(SpikeOptions{cfg_.train.spike_bins, cfg_.train.spike_z, cfg_.train.spike_warmup});
+    if (is_lead() && console_)
+      std::fprintf(stderr, "%s has no spike baselines for train.spike_bins = %lld: they warm up again "
+                           "(train.spike_warmup)\n", s.dir.c_str(), (long long)cfg_.train.spike_bins);
+  }
+  data_->set_state(s.sampler);
+  step_ = s.step;
 }
 
 double Trainer::sample_flops(const at::Tensor& x) {
@@ -442,40 +466,106 @@ MicroBatch Trainer::stand_in() const {
 }
 
 bool Trainer::resume() {
-  // The newest checkpoint that loads and verifies on every rank; each one that fails is named
-  // with the reason and set aside, and the next older one is tried.
+  // Newest first. A checkpoint is read and verified into fresh memory on every rank, then the
+  // ranks compare outcomes, and only when every one of them verified the same step does it
+  // replace the live state. Corrupt ones (every rank found the damage, in the same file) are
+  // fallen back past. Anything else stops the resume with nothing changed on disk or in memory:
+  // a checkpoint that does not fit this run (config), one a rank cannot read now (I/O,
+  // permission, memory: CheckpointUnreadable, exit kUnreadableCheckpointStatus, so the same
+  // command can try again), a newer format, a failure of another kind, ranks that disagree.
+  // Corrupt checkpoints are set aside only once an older one has loaded: the last verified
+  // checkpoint is never set aside for want of a second. A run whose out_dir shows earlier
+  // checkpoints but has none to resume from refuses to start from step 0 (--fresh does).
   const std::vector<std::string> candidates = checkpoint_candidates(cfg_.train.out_dir);
-  std::string failures;
+  const int n = mesh_->size();
+  std::vector<std::pair<std::string, std::string>> corrupt;  // directory, why
+  auto ranks_with = [&](const at::Tensor& all, int status) {
+    std::string out;
+    for (int r = 0; r < n; ++r)
+      if (int(all[r][0].item<double>()) == status) out += (out.empty() ? "" : ", ") + rank_and_host(r, hosts_);
+    return out;
+  };
   for (const std::string& dir : candidates) {
-    // 0: loaded; 1: the checkpoint does not verify; 2: it does not fit this run (config).
-    std::string why;
-    double status = 0;
+    // This rank's outcome: 0 read and verified; 1 corrupt (in `file`); 2 does not fit this run;
+    // 3 cannot be read now, or by this binary; 4 another failure.
+    int status = 0;
+    std::string why, file;
+    std::optional<Staged> staged;
+    const int64_t step = std::stoll(std::filesystem::path(dir).filename().string().substr(5));
     try {
-      load(dir);
+      staged = read_checkpoint(dir, faults_.storage_for_load(step, local_storage()));
     } catch (const CheckpointCorrupt& e) {
-      why = e.what(), status = 1;
+      status = 1, why = e.what(), file = e.file();
+    } catch (const CheckpointUnreadable& e) {
+      status = 3, why = e.what();
     } catch (const Error& e) {
-      why = e.what(), status = 2;
+      status = 2, why = e.what();
+    } catch (const std::exception& e) {
+      status = 4, why = e.what();
     }
-    at::Tensor failed = at::tensor({status}, at::kDouble);
-    mesh_->world()->all_reduce(failed, ReduceOp::Max)->wait();
-    VIDIT_CHECK(failed.item<double>() < 2, "cannot resume from ", dir, ": ",
-                why.empty() ? "it does not fit this run on another rank" : why);
-    if (failed.item<double>() == 0) {
-      if (!failures.empty() && is_lead())
+    if (status != 0 && !is_lead()) std::fprintf(stderr, "rank %d: checkpoint %s: %s\n", mesh_->rank(), dir.c_str(), why.c_str());
+    const double file_id = double(std::hash<std::string>{}(file) & ((uint64_t(1) << 52) - 1));
+    at::Tensor mine = at::tensor({double(status), file_id, staged ? double(staged->step) : -1.0}, at::kDouble);
+    at::Tensor all = at::empty({n * 3}, at::kDouble);
+    mesh_->world()->all_gather(mine, all)->wait();
+    all = all.view({n, 3});
+    const at::Tensor st = all.select(1, 0);
+    const std::string own = why.empty() ? "" : " (here: " + why + ")";
+    VIDIT_CHECK(ranks_with(all, 2).empty(), "cannot resume from ", dir, ": it does not fit this run on ",
+                ranks_with(all, 2), why.empty() ? "; see their message above" : ": " + why,
+                ". Nothing was changed: fix the config to match it, or start this config in another train.out_dir");
+    if (!ranks_with(all, 3).empty() || !ranks_with(all, 4).empty())
+      throw CheckpointUnreadable("checkpoint " + dir + " could not be read on " + ranks_with(all, 3) +
+                                     (ranks_with(all, 3).empty() || ranks_with(all, 4).empty() ? "" : ", and failed on ") +
+                                     ranks_with(all, 4) + own + ". That is no proof it is damaged: nothing was set aside " +
+                                     "or changed. Fix what the message says (storage, permissions, memory, the vidit " +
+                                     "version) and run the same command again",
+                                 0);
+    if (st.max().item<double>() == 0) {
+      VIDIT_CHECK(all.select(1, 2).min().item<double>() == all.select(1, 2).max().item<double>(), "the ranks read ",
+                  dir, " as different steps (", all.select(1, 2).min().item<double>(), " to ",
+                  all.select(1, 2).max().item<double>(), "): is out_dir the same directory on every host?");
+      apply(std::move(*staged));
+      if (is_lead())
+        for (const auto& [bad, bad_why] : corrupt) {
+          std::fprintf(stderr, "checkpoint %s is corrupt: %s\n  set aside as %s\n", bad.c_str(), bad_why.c_str(),
+                       set_aside_checkpoint(bad, dir, cfg_.train.keep_checkpoints).c_str());
+          events().write("checkpoint_set_aside", step_, {{"dir", bad}, {"why", bad_why}});
+        }
+      if (!corrupt.empty() && is_lead())
         std::fprintf(stderr, "resuming from %s instead (step %lld)\n", dir.c_str(), (long long)step_);
+      mesh_->world()->barrier();
       return true;
     }
-    if (is_lead()) {
-      std::fprintf(stderr, "checkpoint %s cannot be used: %s\n", dir.c_str(),
-                   why.empty() ? "it failed on another rank" : why.c_str());
-      std::fprintf(stderr, "  set aside as %s\n", set_aside_checkpoint(dir).c_str());
-    }
-    mesh_->world()->barrier();
-    failures += "\n  " + dir + ": " + (why.empty() ? "failed on another rank" : why);
+    // Corrupt only when every rank found it so, in the same file.
+    const bool same_file = st.min().item<double>() == 1 &&
+                           all.select(1, 1).min().item<double>() == all.select(1, 1).max().item<double>();
+    if (!same_file)
+      throw CheckpointUnreadable("checkpoint " + dir + ": " + ranks_with(all, 1) + " found it corrupt" +
+                                     (ranks_with(all, 0).empty() ? " in different files" : " but " + ranks_with(all, 0) +
+                                                                                             " read it whole") +
+                                     own + ". The ranks disagree, which proves no damage (a host's storage or memory " +
+                                     "may be at fault): nothing was set aside or changed. Check those hosts (vidit health) " +
+                                     "and run the same command again",
+                                 0);
+    if (is_lead()) std::fprintf(stderr, "checkpoint %s cannot be used: %s\n", dir.c_str(), why.c_str());
+    corrupt.emplace_back(dir, why);
   }
-  VIDIT_CHECK(failures.empty(), "no checkpoint in ", cfg_.train.out_dir, "/checkpoints can be resumed:", failures,
-              "\nmove them away to start from step 0, or fix the config to match them");
+  if (!corrupt.empty()) {
+    std::string list;
+    for (const auto& [d, w] : corrupt) list += "\n  " + d + ": " + w;
+    fail("no checkpoint in ", cfg_.train.out_dir, "/checkpoints verifies:", list,
+         "\nNothing was set aside: restore a good copy of one of them, or start from step 0 with --fresh (what is "
+         "there is moved aside, not deleted)");
+  }
+  const std::vector<std::string> traces = traces_of_checkpoints(cfg_.train.out_dir);
+  if (!traces.empty()) {
+    std::string list;
+    for (const auto& t : traces) list += "\n  " + t;
+    fail("no checkpoint to resume from in ", cfg_.train.out_dir, "/checkpoints, but earlier ones are there:", list,
+         "\nRefusing to start from step 0 over them: restore one (rename step_N.corrupt back to step_N if you know it "
+         "is good), or start over with --fresh (what is there is moved aside, not deleted)");
+  }
   return false;
 }
 
@@ -500,6 +590,15 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   std::unique_ptr<MetricsLogger> logger;
   if (is_lead()) {
     std::filesystem::create_directories(cfg_.train.out_dir);
+    // A start from step 0 over an earlier attempt's metrics (one that died before its first
+    // checkpoint) keeps them beside the new file rather than overwriting them.
+    const std::string metrics = cfg_.train.out_dir + "/metrics.jsonl";
+    std::error_code ec;
+    if (step_ == 0 && std::filesystem::file_size(metrics, ec) > 0 && !ec) {
+      const std::string kept = metrics + ".before-" + std::to_string(std::time(nullptr));
+      std::filesystem::rename(metrics, kept, ec);
+      if (!ec && console) std::printf("starting from step 0: the earlier %s is kept as %s\n", metrics.c_str(), kept.c_str());
+    }
     logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console, step_);
     open_tensorboard(false);
   }

@@ -81,9 +81,11 @@ class Trainer {
   Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Tensor null_text,
           at::Device device = at::kCPU, std::shared_ptr<const Mesh> mesh = nullptr);
 
-  // Loads the newest checkpoint under cfg.train.out_dir; returns false when there is none.
+  // Loads the newest checkpoint under cfg.train.out_dir that every rank reads and verifies
+  // (collective); returns false when there is none. Corrupt ones are fallen back past and set
+  // aside; see trainer.cpp for what stops a resume instead.
   bool resume();
-  // Loads a specific checkpoint directory.
+  // Loads a specific checkpoint directory (this rank alone): read and verify, then apply.
   void load(const std::string& checkpoint_dir);
   // One optimizer step (grad_accum micro-batches). See train_step.cpp.
   StepResult step();
@@ -123,6 +125,18 @@ class Trainer {
   const std::vector<std::string>& hosts() const { return hosts_; }
 
  private:
+  // A checkpoint read and verified into fresh memory (this rank's parts, on the CPU): nothing
+  // of it reaches the live state until apply(), so a load that fails leaves no trace.
+  struct Staged {
+    std::string dir;
+    int64_t step = 0, ema_updates = 0;
+    TensorMap model, ema, optimizer;
+    at::Tensor rng;  // this rank's stream; undefined: a stream of its own from (seed, rank, step)
+    std::map<std::string, std::vector<double>> spikes;
+    SamplerState sampler;
+  };
+  Staged read_checkpoint(const std::string& dir, Storage& storage) const;
+  void apply(Staged&& s);
   // The Dataset constructor's work, once the mesh exists.
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text, at::Device device,
           std::shared_ptr<const Mesh> mesh, std::nullptr_t);

@@ -162,6 +162,62 @@ TEST(Checkpoint, CorruptFilesGiveClearErrors) {
   }
   // A checkpoint that does not fit the config is not corrupt: it stays where it is.
   EXPECT_EQ(checkpoint_candidates(d2.path()).size(), 1u);
+  // Nor is the only checkpoint, truncated: with nothing older to fall back to, it is kept.
+  EXPECT_TRUE(std::filesystem::exists(ck + "/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(ck + ".corrupt"));
+}
+
+// What a crash or a fallback leaves in the checkpoint directory: a step_N.old without its step_N
+// (cut off between the commit's two renames) is put back; setting aside never replaces an older
+// copy set aside under the same name, keeps only the newest `keep`, and points `latest` at the
+// checkpoint resumed from; a format-1 checkpoint without a manifest is refused until sealed.
+TEST(Checkpoint, LeftoversOfCrashesAndFallbacks) {
+  ScratchDir dir("ckpt_leftovers");
+  Config c = tiny_config({"train.steps=3", "train.ckpt_every=1", "train.keep_checkpoints=3",
+                          "train.out_dir=\"" + dir.path() + "\""});
+  Trainer t(c, synthetic(c), null_text(c));
+  t.fit(-1, false);
+  const std::filesystem::path root = dir.path() + "/checkpoints";
+  std::filesystem::rename(root / "step_00000003", root / "step_00000003.old");
+  ASSERT_EQ(checkpoint_candidates(dir.path()).size(), 3u);
+  EXPECT_TRUE(std::filesystem::exists(root / "step_00000003" / "meta.json"));
+  EXPECT_FALSE(std::filesystem::exists(root / "step_00000003.old"));
+
+  std::filesystem::create_directories(root / "step_00000003.corrupt");
+  const std::string aside = set_aside_checkpoint((root / "step_00000003").string(), (root / "step_00000002").string(), 3);
+  EXPECT_EQ(aside, (root / "step_00000003.corrupt.2").string());
+  EXPECT_TRUE(std::filesystem::exists(root / "step_00000003.corrupt"));
+  std::ifstream latest(root / "latest");
+  std::string named;
+  latest >> named;
+  EXPECT_EQ(named, "step_00000002");
+  set_aside_checkpoint((root / "step_00000002").string(), "", 2);  // three set aside, two kept
+  int kept = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root))
+    kept += e.path().filename().string().find(".corrupt") != std::string::npos;
+  EXPECT_EQ(kept, 2);
+  EXPECT_FALSE(std::filesystem::exists(root / "step_00000002.corrupt")) << "the oldest set aside is the one removed";
+
+  // No manifest in a first-format checkpoint: refused (not corrupt) until `seal`.
+  const std::filesystem::path one = root / "step_00000001";
+  std::filesystem::remove(one / "manifest.json");
+  std::string meta;
+  {
+    std::ifstream in(one / "meta.json");
+    meta.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = meta.find("vidit-checkpoint-2");
+  ASSERT_NE(at, std::string::npos);
+  meta.replace(at, 18, "vidit-checkpoint-1");
+  std::ofstream(one / "meta.json") << meta;
+  EXPECT_THROW(CheckpointReader r(one.string()), CheckpointUnreadable);
+  EXPECT_GT(seal_checkpoint(one.string()), 0);
+  EXPECT_EQ(load_checkpoint(one.string()).step, 1);
+  // The same without a manifest in the second format is damage: corrupt.
+  std::filesystem::remove(one / "manifest.json");
+  meta.replace(at, 18, "vidit-checkpoint-2");
+  std::ofstream(one / "meta.json") << meta;
+  EXPECT_THROW(CheckpointReader r(one.string()), CheckpointCorrupt);
 }
 
 // The checkpoint directory recovers by itself: a missing `latest` pointer changes nothing (the

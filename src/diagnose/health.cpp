@@ -85,8 +85,21 @@ double memory_gbs(const HealthOptions& o) {
   });
 }
 
-// Bus bandwidth (GB/s) of an 8 MiB fp32 all-reduce over `comm` (0 for one member).
-double allreduce_gbs(Comm& comm, const at::Device& d) {
+// A rate in a sentence: three significant digits, whole numbers from 100 up.
+std::string num(double v) {
+  char b[48];
+  std::snprintf(b, sizeof b, v >= 100 ? "%.0f" : "%.3g", v);
+  return b;
+}
+
+// A fault injection's pause, inside the region being timed.
+void pause_for(double s) {
+  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+// Bus bandwidth (GB/s) of an 8 MiB fp32 all-reduce over `comm` (0 for one member); `slow_s` is a
+// fault injection added to this member's timed region.
+double allreduce_gbs(Comm& comm, const at::Device& d, double slow_s = 0) {
   if (comm.size() < 2) return 0;
   const int64_t bytes = int64_t(8) << 20;
   at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(d).dtype(at::kFloat));
@@ -94,18 +107,21 @@ double allreduce_gbs(Comm& comm, const at::Device& d) {
   comm.barrier();
   const int iters = 5;
   const auto t0 = std::chrono::steady_clock::now();
+  pause_for(slow_s);
   for (int i = 0; i < iters; ++i) comm.all_reduce(t, ReduceOp::Sum)->wait();
   sync(d);
   const double s = seconds_since(t0) / iters, n = double(comm.size());
   return 2 * (n - 1) / n * double(bytes) / s / 1e9;
 }
 
-// MB/s of writing 64 MiB to `dir` with fsync, and its free GB.
-std::pair<double, double> out_dir_speed(const std::string& dir, const std::string& host) {
+// MB/s of writing 64 MiB to `dir` with fsync (`slow_s`, a fault injection, in the timed region),
+// and its free GB.
+std::pair<double, double> out_dir_speed(const std::string& dir, const std::string& host, double slow_s) {
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/.health-" + host + "-" + std::to_string(::getpid());
   std::vector<char> chunk(size_t(8) << 20, 'v');
   const auto t0 = std::chrono::steady_clock::now();
+  pause_for(slow_s);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   VIDIT_CHECK(fd >= 0, "vidit health: cannot write to out_dir '", dir, "' on ", host, "; check it exists and is writable");
   bool ok = true;
@@ -160,7 +176,7 @@ std::vector<PairLink> pair_rounds(Comm& world, const std::vector<std::string>& h
     world.barrier();
     if (color < int(links.size()) && pair->size() == 2) {
       mine[r][0] = double(color + 1);
-      mine[r][1] = allreduce_gbs(*pair, o.device);
+      mine[r][1] = allreduce_gbs(*pair, o.device, o.slow_allreduce_s);
     }
     world.barrier();
   }
@@ -201,13 +217,13 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
   std::vector<PairLink> links;
   if (o.check_network) {
     std::shared_ptr<Comm> node = world.split(host_index, me);
-    node_gbs = allreduce_gbs(*node, o.device);
-    rep.world_allreduce_gbs = allreduce_gbs(world, o.device);
+    node_gbs = allreduce_gbs(*node, o.device, o.slow_allreduce_s);
+    rep.world_allreduce_gbs = allreduce_gbs(world, o.device, o.slow_allreduce_s);
     links = pair_rounds(world, host_order, host_index, host_lead, o);
   }
   double write_mbs = -1, free_gb = -1;
   if (o.check_storage && host_lead && !o.out_dir.empty())
-    std::tie(write_mbs, free_gb) = out_dir_speed(o.out_dir, hosts[size_t(me)]);
+    std::tie(write_mbs, free_gb) = out_dir_speed(o.out_dir, hosts[size_t(me)], o.slow_write_s);
 
   at::Tensor mine = at::tensor({gflops, gbs, node_gbs, write_mbs, free_gb}, at::kDouble);
   at::Tensor all = at::empty({n * 5}, at::kDouble);
@@ -234,12 +250,41 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
       if (a[5 * r + 3] == 0) why.push_back("out_dir write failed");
       if (a[5 * r + 4] < o.min_free_gb) why.push_back("out_dir has " + std::to_string(int(a[5 * r + 4])) + " GB free");
     }
-    if (a[5 * r + 2] > 0 && (rep.host_allreduce_gbs.empty() || rep.host_allreduce_gbs.back().first != h.host))
+    if (a[5 * r + 2] > 0 && std::find(hosts.begin(), hosts.end(), h.host) - hosts.begin() == r)
       rep.host_allreduce_gbs.push_back({h.host, a[5 * r + 2]});
     for (size_t i = 0; i < why.size(); ++i) h.why += (i ? ", " : "") + why[i];
     h.ok = why.empty();
     if (!h.ok) bad.insert(h.host);
     rep.ranks.push_back(h);
+  }
+  // A host-wide reason goes on the host's first rank, as out_dir's do.
+  auto blame_host = [&](const std::string& host, const std::string& why) {
+    bad.insert(host);
+    for (RankHealth& r : rep.ranks)
+      if (r.host == host) {
+        r.ok = false;
+        r.why += (r.why.empty() ? "" : ", ") + why;
+        return;
+      }
+  };
+  // Per host: the all-reduce among its ranks and the out_dir write, against the median over
+  // hosts (a host alone has none to be compared with) and, for the write, against a floor.
+  const std::string below_median = ", below " + num(o.threshold) + " x the median ";
+  std::vector<double> node_rates, write_rates;
+  for (const auto& hg : rep.host_allreduce_gbs) node_rates.push_back(hg.second);
+  for (const auto& hw : rep.host_write_mbs) write_rates.push_back(hw.second);
+  const double node_med = median(node_rates), write_med = median(write_rates);
+  if (node_rates.size() >= 2)
+    for (const auto& [host, g] : rep.host_allreduce_gbs)
+      if (g < o.threshold * node_med)
+        blame_host(host, "all-reduce inside host " + host + ": " + num(g) + " GB/s" + below_median + num(node_med));
+  for (const auto& [host, w] : rep.host_write_mbs) {
+    if (w == 0) continue;  // "out_dir write failed" already
+    std::string why;
+    if (write_rates.size() >= 2 && w < o.threshold * write_med) why = below_median + num(write_med);
+    if (o.min_write_mbs > 0 && w < o.min_write_mbs)
+      why += (why.empty() ? ", below the floor " : " and the floor ") + num(o.min_write_mbs);
+    if (!why.empty()) blame_host(host, "out_dir write from " + host + ": " + num(w) + " MB/s" + why);
   }
   // Links: a host whose every pair is slow has a bad network (it is excluded); a slow pair whose
   // hosts are fine otherwise is a bad link between them (named, not excluded: neither host is
@@ -256,6 +301,7 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
         if (l.a == h || l.b == h) ++mine, slow_mine += slow(l);
       if (mine >= 2 && slow_mine == mine) {
         bad.insert(host_order[size_t(h)]);
+        rep.network_hosts.push_back(host_order[size_t(h)]);
         for (RankHealth& r : rep.ranks)
           if (r.host == host_order[size_t(h)]) {
             r.ok = false;
@@ -269,6 +315,20 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
         rep.slow_links.push_back(host_order[size_t(l.a)] + " - " + host_order[size_t(l.b)]);
   }
   rep.bad_hosts.assign(bad.begin(), bad.end());
+  std::sort(rep.network_hosts.begin(), rep.network_hosts.end());
+  // The world all-reduce: a floor for the fabric as a whole. It names no host by itself; the pair
+  // rounds may have named some.
+  std::string network_verdict;
+  if (o.check_network && n > 1 && o.min_world_allreduce_gbs > 0 && rep.world_allreduce_gbs < o.min_world_allreduce_gbs) {
+    rep.network_slow = true;
+    network_verdict = ", below the floor " + num(o.min_world_allreduce_gbs) + ": the network is slow; ";
+    if (rep.network_hosts.empty()) {
+      network_verdict += "no single host is to blame (none is slow with every neighbour in the pair rounds)";
+    } else {
+      network_verdict += "the pair rounds name";
+      for (const auto& x : rep.network_hosts) network_verdict += " " + x;
+    }
+  }
 
   std::ostringstream t;
   char line[256];
@@ -288,7 +348,8 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
     t << line;
   }
   for (const auto& [host, g] : rep.host_allreduce_gbs) t << "all-reduce inside " << host << ": " << g << " GB/s (bus)\n";
-  if (n > 1) t << "all-reduce over all " << n << " ranks: " << rep.world_allreduce_gbs << " GB/s (bus)\n";
+  if (n > 1 && o.check_network)
+    t << "all-reduce over all " << n << " ranks: " << rep.world_allreduce_gbs << " GB/s (bus)" << network_verdict << "\n";
   for (const HostPair& p : rep.pairs) {
     const std::string link = p.a + " - " + p.b;
     const bool slow_link = std::find(rep.slow_links.begin(), rep.slow_links.end(), link) != rep.slow_links.end();

@@ -116,7 +116,10 @@ EOF
 CHROOT=$(command -v chroot)
 BINDS=""
 for d in "${PIP_BINDS[@]}"; do BINDS+="mkdir -p '$NEW$d' && mount --bind -o ro '$d' '$NEW$d'; "; done
+# The root is made a mount point first, as an installed system's / is: \`ip netns exec\` (the
+# tests' hosts made of network namespaces) remounts / as a slave, which fails on a plain directory.
 unshare --mount --propagation private bash -euc "
+  mount --bind '$NEW' '$NEW'
   mount -t proc proc '$NEW/proc'
   mount --rbind /sys '$NEW/sys'
   mount --rbind /dev '$NEW/dev'

@@ -211,7 +211,9 @@ TEST(Trainer, LogsTheTimeSpentWaitingForData) {
         EXPECT_LT(double(j.at("data_wait_s")), 0.08) << line;
     }
     EXPECT_EQ(steps, 2);
-    EXPECT_EQ(console.find("data wait ") != std::string::npos, delay_ms > 0) << console;
+    // Shown when the data is slow. (Not asserted absent for a source that keeps up: on a loaded
+    // machine its prefetch thread can lag a few ms, a visible share of a 10 ms step.)
+    if (delay_ms > 0) EXPECT_NE(console.find("data wait "), std::string::npos) << console;
   }
 }
 

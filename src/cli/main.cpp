@@ -176,8 +176,10 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
       std::printf("slow link: %s (their all-reduce is below %.0f%% of the median pair, while each host is fine with "
                   "its other neighbour): check the cables, ports or switch between them\n",
                   link.c_str(), 100 * h.threshold);
-    if (r.bad_hosts.empty()) {
+    if (r.healthy()) {
       std::printf("every host is healthy\n");
+    } else if (r.bad_hosts.empty()) {
+      std::printf("unhealthy: the network is slow (see the all-reduce over all ranks); no host to exclude\n");
     } else {
       const auto all = add_to_exclude_list(exclude_file, r.bad_hosts);
       std::string names;
@@ -190,14 +192,14 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
   return r;
 }
 
-// vidit health: exit 3 when a host is unhealthy.
+// vidit health: exit 3 when a host is unhealthy or the network is slow.
 int cmd_health(const CommonOpts& o, const std::string& exclude_file, const std::vector<std::string>& checks) {
   Config cfg = load_config(o.config, o.sets);
   const LaunchEnv env = detect_launch_env();
   const at::Device device = train_device(cfg, env);
   if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
   std::shared_ptr<Comm> world = make_world_comm(env, device.type());
-  return preflight(cfg, *world, device, exclude_file, checks).bad_hosts.empty() ? 0 : kUnhealthyStatus;
+  return preflight(cfg, *world, device, exclude_file, checks).healthy() ? 0 : kUnhealthyStatus;
 }
 
 // --fresh: what an earlier run left in out_dir (checkpoints, metrics) is moved, not deleted, to
@@ -250,7 +252,7 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
   // (every rank sees the same report).
   if (cfg.train.preflight) {
     if (cfg.train.threads > 0) at::set_num_threads(int(cfg.train.threads));
-    if (!preflight(cfg, *mesh->world(), device, "").bad_hosts.empty()) {
+    if (!preflight(cfg, *mesh->world(), device, "").healthy()) {
       if (lead) std::fprintf(stderr, "error: train.preflight: unhealthy host(s); not training. Start the job without "
                                      "them (the exclude list above) and run the same command\n");
       return kUnhealthyStatus;
@@ -482,12 +484,16 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
   std::printf("vidit prepare: %s -> %s (worker %d of %d, codec %s)\n", cfg.data.manifest.c_str(),
               cfg.data.cache_dir.c_str(), w, n, name_of(cfg.data.codec).c_str());
   std::fflush(stdout);
-  PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n);
+  Progress::Options progress;  // an updating line on a terminal, else a line every VIDIT_PROGRESS_SECONDS (10)
+  PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n, &progress);
+  std::printf("%s", prepare_summary(r, n > 1 ? "summary of worker " + std::to_string(w) + " of " + std::to_string(n)
+                                             : std::string("summary")).c_str());
   std::printf("prepared %lld of %lld entries in %.1f s: %lld written, %lld already cached, %lld rejected "
               "(see %s/rejects%s)\n", (long long)(r.written + r.already_done), (long long)r.entries, r.seconds,
               (long long)r.written, (long long)r.already_done, (long long)r.rejected, cfg.data.cache_dir.c_str(),
               r.merged ? ".jsonl" : "/");
-  for (const auto& [b, k] : r.per_bucket) std::printf("  bucket %-14s %lld samples\n", b.c_str(), (long long)k);
+  if (r.merged && n > 1)
+    std::printf("%s", prepare_summary(prepare_totals(cfg.data.cache_dir, n), "summary of all " + std::to_string(n) + " workers").c_str());
   if (r.merged) std::printf("index merged: %s/index.jsonl\n", cfg.data.cache_dir.c_str());
   return 0;
 }
@@ -685,6 +691,9 @@ int main(int argc, char** argv) {
   std::string ckpt_a, ckpt_b;
   auto* verify_ckpt = ckpt->add_subcommand("verify", "read every tensor of a checkpoint and check its checksum");
   verify_ckpt->add_option("dir", ckpt_a, "checkpoint directory")->required();
+  auto* seal_ckpt = ckpt->add_subcommand(
+      "seal", "record checksums for a first-format checkpoint saved without manifest.json (you vouch for its files)");
+  seal_ckpt->add_option("dir", ckpt_a, "checkpoint directory")->required();
   auto* compare_ckpt = ckpt->add_subcommand("compare", "exit 0 when two checkpoints hold bitwise the same state");
   compare_ckpt->add_option("a", ckpt_a, "checkpoint directory")->required();
   compare_ckpt->add_option("b", ckpt_b, "checkpoint directory")->required();
@@ -741,6 +750,12 @@ int main(int argc, char** argv) {
     if (exp->parsed()) return cmd_export(export_format, export_from, export_out, export_ema, export_shard_gb);
     if (demo->parsed()) return cmd_demo(o, resume);
     if (verify_ckpt->parsed()) return cmd_verify(ckpt_a);
+    if (seal_ckpt->parsed()) {
+      const int64_t n = seal_checkpoint(ckpt_a);
+      std::printf("%s: manifest.json written for %lld tensors as they are now; resumes verify against it\n",
+                  ckpt_a.c_str(), (long long)n);
+      return 0;
+    }
     if (health->parsed()) return cmd_health(o, exclude_file, checks);
     if (doctor->parsed()) return std::printf("%s", doctor_report(doctor_dir).c_str()) < 0;
     if (compare_ckpt->parsed()) return cmd_compare(ckpt_a, ckpt_b);
@@ -751,6 +766,11 @@ int main(int argc, char** argv) {
     if (e.report) std::fprintf(stderr, "error: %s\n", e.what());
     abort_world(kCorruptionStatus);
     return kCorruptionStatus;
+  } catch (const CheckpointUnreadable& e) {
+    // Not proof of damage: the checkpoint was left as it is; the same command may succeed later.
+    std::fprintf(stderr, "error: %s\n", e.what());
+    abort_world(kUnreadableCheckpointStatus);
+    return kUnreadableCheckpointStatus;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     abort_world(2);  // the other ranks may wait in a collective: end them too

@@ -10,6 +10,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "core/precision.h"
+#include "core/progress.h"
 #include "diffusion/sampler.h"
 #include "model/dit.h"
 #include "model/state_dict.h"
@@ -156,15 +157,22 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     }
     model->eval();
     model->to(device);
-    int64_t step = 0;  // guidance evaluates both branches in one call: one call a step
+    // Step i/N with rate and time left: guidance evaluates both branches in one call, so one
+    // call is one step.
+    Progress::Options po;
+    po.label = "sample";
+    po.unit = "step";
+    po.total = cfg.sample.steps;
+    if (!verbose) po.out = nullptr;
+    Progress progress(po);
     auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
-      if (verbose)
-        std::printf("\r[sample] step %lld/%lld", (long long)++step, (long long)cfg.sample.steps), std::fflush(stdout);
       AutocastGuard autocast(device.type(), device.is_cuda(), at::kBFloat16);
-      return model->forward(x, t, txt).to(at::kFloat);
+      at::Tensor v = model->forward(x, t, txt).to(at::kFloat);
+      progress.advance();  // on a GPU the launch queue fills within a step, so the rate is right after one
+      return v;
     };
     at::Tensor lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
-    if (verbose) std::printf("\n"), std::fflush(stdout);
+    progress.finish();
     out.latents = lat.to(at::kCPU, at::kFloat);
     out.phases.push_back(meter.done());
   }

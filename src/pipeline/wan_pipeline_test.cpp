@@ -86,6 +86,9 @@ TEST(WanPipeline, SampleWritesTheAskedVideoFromAReleaseFolder) {
   if (wrote != std::string::npos) std::printf("%s\n", r.output.substr(wrote, r.output.find('\n', wrote) - wrote).c_str());
   EXPECT_NE(r.output.find("unipc 3 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("decode"), std::string::npos) << r.output;  // the phase report
+  // Denoising progress: not a terminal, so a plain final line with the steps, rate and time.
+  EXPECT_NE(r.output.find("\n[sample] 3/3 steps 100% | "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
   const Probe p = ffprobe(mp4);
   EXPECT_EQ(p.codec, "h264");
   EXPECT_EQ(p.width, 48);

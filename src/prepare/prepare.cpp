@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -17,22 +18,28 @@ namespace vidit {
 namespace fs = std::filesystem;
 namespace {
 
-// Appends one JSON line per rejected input and flushes it, so a crash loses none.
+// Appends one JSON line per rejected input and flushes it, so a crash loses none; counts the
+// rejects per category, in the report and on the progress line.
 class RejectLog {
  public:
-  RejectLog(const std::string& path) : out_(path, std::ios::trunc) {
+  RejectLog(const std::string& path, Progress& progress) : out_(path, std::ios::trunc), progress_(progress) {
     VIDIT_CHECK(out_, "cannot write '", path, "'");
   }
-  void add(const std::string& input, const std::string& where, const std::string& reason) {
-    out_ << nlohmann::json{{"input", input}, {"where", where}, {"reason", reason}}.dump() << "\n";
+  void add(const std::string& input, const std::string& where, const std::string& reason, const std::string& category) {
+    out_ << nlohmann::json{{"input", input}, {"where", where}, {"reason", reason}, {"category", category}}.dump() << "\n";
     out_.flush();
     ++count_;
+    ++by_category_[category];
+    progress_.count("rejected/" + category);
   }
   int64_t count() const { return count_; }
+  const std::map<std::string, int64_t>& by_category() const { return by_category_; }
 
  private:
   std::ofstream out_;
+  Progress& progress_;
   int64_t count_ = 0;
+  std::map<std::string, int64_t> by_category_;
 };
 
 // Refuses a text embedding file the model cannot use, at prepare time rather than mid-training.
@@ -48,6 +55,105 @@ std::string worker_name(int w) {
   std::snprintf(buf, sizeof buf, "w%03d", w);
   return buf;
 }
+
+nlohmann::json report_json(const PrepareReport& r) {
+  return {{"entries", r.entries}, {"written", r.written}, {"already_done", r.already_done}, {"rejected", r.rejected},
+          {"seconds", r.seconds}, {"source_seconds", r.source_seconds}, {"per_bucket", r.per_bucket},
+          {"rejected_by", r.rejected_by}};
+}
+
+// Every worker of several rewrites <cache_dir>/progress/w{W}.json every few seconds (and when it
+// ends); worker 0 reads the others' to show the totals. A file last written well before this
+// worker's own first one is an earlier run's and is left out (modification times compared on
+// the one file system, so the hosts' clocks need not agree).
+class ProgressBoard {
+ public:
+  static constexpr double kEverySeconds = 5;
+
+  // Worker 0 of several shows the totals after its own numbers on each line of `p`.
+  ProgressBoard(Progress& p, const std::string& cache_dir, int worker, int workers, int64_t all_entries)
+      : progress_(p), dir_(cache_dir + "/progress"), worker_(worker), workers_(workers), all_entries_(all_entries) {
+    if (workers_ <= 1) return;
+    fs::create_directories(dir_);
+    if (worker_ == 0) progress_.set_note([this](const ProgressSnapshot& mine) { return totals(mine); });
+  }
+
+  // Writes this worker's file and (worker 0) reads the others' when kEverySeconds have passed
+  // since the last time, or now.
+  void update(bool now = false) {
+    if (workers_ <= 1 || (!now && progress_.elapsed() - last_ < kEverySeconds)) return;
+    last_ = progress_.elapsed();
+    const std::string mine = dir_ + "/" + worker_name(worker_) + ".json";
+    try {
+      write_file_atomic(mine, nlohmann::json{{"worker", worker_}, {"workers", workers_}, {"finished", now},
+                                             {"progress", progress_.snapshot().to_json()}}.dump());
+      if (!since_) since_ = fs::last_write_time(mine) - std::chrono::seconds(60);
+    } catch (const std::exception& e) {
+      // Only the display of the totals depends on these files: say so once and go on.
+      if (!warned_) std::fprintf(stderr, "warning: cannot write the progress file %s (%s)\n", mine.c_str(), e.what());
+      warned_ = true;
+    }
+    if (worker_ == 0 && since_) read_others();
+  }
+
+ private:
+  void read_others() {
+    others_.clear();
+    not_heard_ = 0;
+    for (int w = 0; w < workers_; ++w) {
+      if (w == worker_) continue;
+      const std::string path = dir_ + "/" + worker_name(w) + ".json";
+      std::error_code ec;
+      const auto when = fs::last_write_time(path, ec);
+      if (ec || when < *since_) {
+        ++not_heard_;
+        continue;
+      }
+      try {
+        std::ifstream in(path);
+        others_.push_back(ProgressSnapshot::from_json(nlohmann::json::parse(in).at("progress")));
+      } catch (const std::exception&) {
+        ++not_heard_;  // damaged (the file is replaced whole, never seen half written): next time
+      }
+    }
+  }
+
+  // "all 4 workers: 350/3000 videos 11%, clips 300, rejected 50, 7.10 videos/s, 6m05s left":
+  // this worker's numbers as they are now, the others' as last read.
+  std::string totals(const ProgressSnapshot& mine) const {
+    std::vector<ProgressSnapshot> parts = others_;
+    parts.push_back(mine);
+    ProgressSnapshot all = sum_progress(parts);
+    all.total = all_entries_;
+    std::string out = "all " + std::to_string(workers_) + " workers: " + std::to_string(all.done) + "/" +
+                      std::to_string(all.total) + " videos";
+    if (all.total > 0) out += " " + std::to_string(all.done * 100 / all.total) + "%";
+    out += ", clips " + std::to_string(all.counter("clips"));
+    int64_t rejected = 0;
+    for (const auto& [name, n] : all.counters)
+      if (name.rfind("rejected/", 0) == 0) rejected += n;
+    out += ", rejected " + std::to_string(rejected);
+    if (all.rate > 0) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, all.rate >= 1 ? ", %.2f videos/s" : ", %.1f s/video", all.rate >= 1 ? all.rate : 1 / all.rate);
+      out += buf;
+    }
+    const double left = all.seconds_left();
+    if (left >= 0) out += ", " + short_duration(left) + " left";
+    if (not_heard_) out += " (" + std::to_string(not_heard_) + " not heard from)";
+    return out;
+  }
+
+  Progress& progress_;
+  std::string dir_;
+  int worker_, workers_;
+  int64_t all_entries_;
+  double last_ = -1e300;
+  std::optional<fs::file_time_type> since_;
+  std::vector<ProgressSnapshot> others_;  // worker 0: the others' last published numbers
+  int not_heard_ = 0;                     // worker 0: others with no file from this run yet
+  bool warned_ = false;
+};
 
 }  // namespace
 
@@ -67,7 +173,7 @@ int64_t merge_prepared(const std::string& dir) {
 }
 
 PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions,
-                            int worker, int workers) {
+                            int worker, int workers, const Progress::Options* progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& d = cfg.data;
   VIDIT_CHECK(!d.manifest.empty(), cfg.source, ": vidit prepare needs data.manifest (a .jsonl / .csv file or a folder)");
@@ -81,9 +187,22 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   fs::create_directories(d.cache_dir + "/rejects");
   fs::create_directories(d.cache_dir + "/done");
   fs::remove(d.cache_dir + "/done/" + worker_name(worker));
-  RejectLog rejects(d.cache_dir + "/rejects/" + worker_name(worker) + ".jsonl");
+
+  const int64_t n_all = int64_t(manifest.entries.size());
+  Progress::Options po = progress ? *progress : Progress::Options{};
+  if (!progress) po.out = nullptr;  // counted, never shown
+  po.label = workers > 1 ? "prepare w" + std::to_string(worker) + " of " + std::to_string(workers) : "prepare";
+  po.unit = "video";
+  po.total = n_all > worker ? (n_all - worker + workers - 1) / workers : 0;
+  Progress prog(po);
+  prog.count("clips", 0);
+  prog.count("cached", 0);
+  ProgressBoard board(prog, d.cache_dir, worker, workers, n_all);
+  board.update();
+
+  RejectLog rejects(d.cache_dir + "/rejects/" + worker_name(worker) + ".jsonl", prog);
   if (worker == 0)
-    for (const auto& r : manifest.rejected) rejects.add("", r.where, r.reason);
+    for (const auto& r : manifest.rejected) rejects.add("", r.where, r.reason, "manifest");
 
   PrepareReport rep;
   CacheWriter writer(d.cache_dir, worker, d.shard_mb << 20, d.cache_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat);
@@ -99,23 +218,27 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
     const std::string key = cache_key(e.path, e.start, e.end);
     if (writer.done().count(key)) {
       ++rep.already_done;
+      prog.count("cached");
+      board.update();
+      prog.skip();
       continue;
     }
+    // Where a failure happened names its reject category.
+    const char* stage = "decode";
     try {
       DecodeOptions o = opt;
       if (e.start >= 0) o.start_seconds = e.start;
       if (e.end >= 0) o.end_seconds = e.end;
       o.max_frames = longest;
       DecodedVideo v = decode_video(e.path, o);
+      stage = "bucket";
       const BucketChoice choice = assign_bucket(buckets, v.width, v.height, v.frames.size(0), cfg.buckets.max_upscale);
-      if (!choice.ok()) {
-        rejects.add(e.path, e.where, choice.reason);
-        continue;
-      }
+      VIDIT_CHECK(choice.ok(), choice.reason);
       const Bucket& b = buckets[size_t(choice.index)];
       CacheSample s;
       s.key = key;
       s.bucket = b.name();
+      stage = "caption";
       if (d.text_encoder == TextEncoder::precomputed) {
         VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
         check_text_embedding(e.text_embedding, cfg.model);
@@ -123,6 +246,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       } else {
         s.text = captions(e.caption);
       }
+      stage = "encode";
       std::tie(s.mean, s.std) = encode(fit_to_bucket(v.frames, b));
       // Fault injection (resilience/fault_injection.h): a sample whose latents are extreme but
       // whose checksum is valid, as a broken encoder or a bad source would leave it.
@@ -135,19 +259,28 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       const double fps = v.fps > 0 ? v.fps : 0;
       s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
                 {"fps", fps}, {"frames", b.frames}, {"source_size", {v.width, v.height}}};
+      stage = "write";
       writer.add(s);
       ++rep.written;
       ++rep.per_bucket[b.name()];
+      prog.count("clips");
       if (fps > 0) rep.source_seconds += double(b.frames) / fps;
     } catch (const std::exception& ex) {
       // One unusable video never stops the run: record it and go on.
-      rejects.add(e.path, e.where, ex.what());
+      std::error_code ec;
+      const bool missing = std::string(stage) == "decode" && !fs::exists(e.path, ec);
+      rejects.add(e.path, e.where, ex.what(), missing ? "missing" : stage);
     }
+    board.update();
+    prog.advance();
   }
   writer.flush();
   rep.rejected = rejects.count();
-  write_file_atomic(d.cache_dir + "/done/" + worker_name(worker),
-                    nlohmann::json{{"written", rep.written}, {"rejected", rep.rejected}}.dump());
+  rep.rejected_by = rejects.by_category();
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  board.update(/*now=*/true);
+  prog.finish();
+  write_file_atomic(d.cache_dir + "/done/" + worker_name(worker), report_json(rep).dump());
   int finished = 0;
   for (int w = 0; w < workers; ++w) finished += fs::exists(d.cache_dir + "/done/" + worker_name(w));
   if (finished == workers) {
@@ -156,6 +289,61 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   }
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
+}
+
+PrepareReport prepare_totals(const std::string& cache_dir, int workers) {
+  PrepareReport all;
+  for (int w = 0; w < workers; ++w) {
+    const std::string f = cache_dir + "/done/" + worker_name(w);
+    if (!fs::exists(f)) continue;
+    std::ifstream in(f);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception& ex) {
+      fail("cannot read the worker report '", f, "': ", ex.what());
+    }
+    all.entries += j.value("entries", int64_t(0));
+    all.written += j.value("written", int64_t(0));
+    all.already_done += j.value("already_done", int64_t(0));
+    all.rejected += j.value("rejected", int64_t(0));
+    all.seconds = std::max(all.seconds, j.value("seconds", 0.0));
+    all.source_seconds += j.value("source_seconds", 0.0);
+    const nlohmann::json per_bucket = j.value("per_bucket", nlohmann::json::object());
+    const nlohmann::json rejected_by = j.value("rejected_by", nlohmann::json::object());
+    for (const auto& [k, v] : per_bucket.items()) all.per_bucket[k] += v.get<int64_t>();
+    for (const auto& [k, v] : rejected_by.items()) all.rejected_by[k] += v.get<int64_t>();
+  }
+  return all;
+}
+
+std::string prepare_summary(const PrepareReport& r, const std::string& title) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  auto num = [](int64_t n) { return std::to_string(n); };
+  for (const auto& [b, n] : r.per_bucket) rows.emplace_back("clips in " + b, num(n));
+  rows.emplace_back("clips written", num(r.written));
+  rows.emplace_back("already cached", num(r.already_done));
+  for (const auto& [c, n] : r.rejected_by) rows.emplace_back("rejected: " + c, num(n));
+  rows.emplace_back("rejected", num(r.rejected));
+  rows.emplace_back("videos", num(r.entries));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f s", r.seconds);
+  rows.emplace_back("time", r.seconds < 60 ? std::string(buf) : buf + (" (" + short_duration(r.seconds) + ")"));
+  // The rate counts the videos that took work (decoded), not those found already cached.
+  const double rate = r.seconds > 0 ? double(r.entries - r.already_done) / r.seconds : 0;
+  std::snprintf(buf, sizeof buf, "%.2f videos/s", rate);
+  rows.emplace_back("rate", buf);
+  std::snprintf(buf, sizeof buf, "%.1f s", r.source_seconds);
+  rows.emplace_back("source video cached", buf);
+  size_t left = 0, right = 0;
+  for (const auto& [a, b] : rows) left = std::max(left, a.size()), right = std::max(right, b.size());
+  const std::string rule = "  " + std::string(left + right + 3, '-') + "\n";
+  std::string out = title + "\n" + rule;
+  for (const auto& [a, b] : rows) {
+    if (a == "clips written" || a == "videos") out += rule;
+    out += "  " + a + std::string(left - a.size() + 3 + right - b.size(), ' ') + b + "\n";
+  }
+  return out + rule;
 }
 
 }  // namespace vidit

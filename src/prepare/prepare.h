@@ -8,7 +8,12 @@
 // Nothing stops the run but a broken cache directory: every input that cannot be used (missing
 // or unreadable file, no video stream, unsupported codec, too short or too small for every
 // bucket, a bad text embedding, a bad manifest line) is appended to rejects/w{W}.jsonl with its
-// reason at once, and the next entry goes on. Reruns skip what is in finished shards.
+// reason and a short category (missing, decode, bucket, caption, encode, write, manifest) at
+// once, and the next entry goes on. Reruns skip what is in finished shards.
+//
+// Progress (core/progress.h), when asked for: videos done / this worker's total, clips written,
+// already cached, rejects by category, rate and time left. Each worker also rewrites
+// progress/w{W}.json every few seconds, and worker 0 of several adds the totals of all of them.
 //
 // Parallel: worker W of N takes the entries with index % N == W. Each worker marks itself done;
 // the last to finish merges the index parts into index.jsonl and the rejects into rejects.jsonl.
@@ -20,6 +25,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/progress.h"
 
 namespace vidit {
 
@@ -36,12 +42,21 @@ struct PrepareReport {
   bool merged = false;         // this worker merged the indexes (it finished last)
   double seconds = 0;
   double source_seconds = 0;   // duration of the video that went into the cache
-  std::map<std::string, int64_t> per_bucket;  // samples written per bucket name
+  std::map<std::string, int64_t> per_bucket;   // samples written per bucket name
+  std::map<std::string, int64_t> rejected_by;  // rejects per category (they sum to `rejected`)
 };
 
-// `captions` may be empty when data.text_encoder = "precomputed".
+// `captions` may be empty when data.text_encoder = "precomputed". `progress`: where and how to
+// show progress (its label, unit and total are set here); nullptr shows none.
 PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions,
-                            int worker = 0, int workers = 1);
+                            int worker = 0, int workers = 1, const Progress::Options* progress = nullptr);
+
+// The reports of workers 0..workers-1 that finished (done/w{W}), summed; seconds is the longest.
+// Throws vidit::Error naming a report that cannot be read.
+PrepareReport prepare_totals(const std::string& cache_dir, int workers);
+
+// A table for the end of a run: clips per bucket, rejects per category, entries, time, rate.
+std::string prepare_summary(const PrepareReport& r, const std::string& title);
 
 // Re-merges index parts and rejects (after workers finished without the last one merging).
 int64_t merge_prepared(const std::string& cache_dir);

@@ -319,9 +319,9 @@ using NumList = std::vector<double>;
       "\"poison_sample\" (its first sample's latents x 1000: a sample with extreme values), \"glitch\" "    \
       "(its first sample's prediction x 100, once: a transient hardware error); when the cache is "            \
       "prepared: \"poison_cache\" (sample faults.sample is written with its latents x 1000 and a valid checksum); " \
-      "while the rank loads the checkpoint of step faults.step at a resume: \"load_io_error\" (EIO), "          \
-      "\"load_permission\" (EACCES), \"load_no_memory\" (ENOMEM from mmap); \"crash_in_commit\" (rank 0 is "   \
-      "killed between the commit's two renames, when the step is saved again)")                               \
+      "while the rank loads the checkpoint of step faults.step (0: the first it reads) at a resume: "        \
+      "\"load_io_error\" (EIO), \"load_permission\" (EACCES), \"load_no_memory\" (ENOMEM from mmap); "       \
+      "\"crash_in_commit\" (rank 0 is killed right after the commit's first rename of the step's directory)") \
   KEY(int64_t, step, 0, non_negative, "the step after which the fault happens")                       \
   KEY(int64_t, rank, 0, non_negative,                                                                 \
       "the rank it happens on (corrupt/truncate_checkpoint, crash_in_commit: rank 0 does them)")           \

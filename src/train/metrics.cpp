@@ -4,18 +4,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/progress.h"
 #include "core/safetensors.h"
 
 namespace vidit {
-
-std::string format_duration(double s) {
-  char buf[32];
-  long t = static_cast<long>(s + 0.5);
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
-  return buf;
-}
 
 MetricsLogger::MetricsLogger(const std::string& path, bool append, bool console, int64_t resumed_step)
     : console_(console), start_(std::chrono::steady_clock::now()) {
@@ -82,7 +74,7 @@ void MetricsLogger::log(const StepMetrics& m) {
   std::printf("step %6lld/%lld [%s] loss %.4f | gnorm %.3f | lr %.2e | %.3f s/step%s%s | %.1f samples/s"
               " | %.0f tok/s | %.4f TFLOP/s%s | ETA %s\n",
               (long long)m.step, (long long)m.total_steps, bar.c_str(), m.loss, m.grad_norm, m.lr,
-              m.step_seconds, data, comm, m.samples_per_s, m.tokens_per_s, m.tflops, mfu, format_duration(eta).c_str());
+              m.step_seconds, data, comm, m.samples_per_s, m.tokens_per_s, m.tflops, mfu, short_duration(eta).c_str());
   std::fflush(stdout);
 }
 

@@ -39,6 +39,4 @@ class MetricsLogger {
   int64_t first_step_ = -1;
 };
 
-std::string format_duration(double seconds);
-
 }  // namespace vidit

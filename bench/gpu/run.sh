@@ -34,7 +34,7 @@ summary() {
   echo
   echo "================ vidit GPU run summary ================"
   printf '%-14s %-8s %s\n' step status detail
-  for step in environment configure build tests kernel_error kernels bench fp8 step_time profile; do
+  for step in environment configure build tests kernel_error kernels bench fp8 step_time lora profile; do
     printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
   done
   echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
@@ -303,6 +303,27 @@ if [[ -x "$BUILD/bench_step_time" ]] && (($(left) >= 60)); then
   cat "$LOGS/step_time.log"
 else
   STATUS[step_time]=skipped
+fi
+
+# LoRA on the GPU (model/lora.h): Wan 2.1 1.3B frozen in bf16, rank-32 adapters on every attention
+# projection and the MLP, bf16 autocast, 4 steps on synthetic latents; the log's step lines give
+# the step time and the trainer's LoRA line the adapters' count.
+if [[ -x "$BUILD/vidit" ]] && (($(left) >= 150)); then
+  say "vidit train with lora.rank=32 (Wan 2.1 1.3B, bf16 base)"
+  L_OUT="$BUILD/gpu_lora_run"
+  rm -rf "$L_OUT"
+  if timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
+      --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.log_every=1 \
+      --set lora.rank=32 --set lora.base_dtype=bf16 --set parallel.shard=1 --set train.ckpt_every=0 \
+      --set train.out_dir="$L_OUT" >"$LOGS/lora.log" 2>&1; then
+    STATUS[lora]=ok
+    DETAIL[lora]=$(grep -E '^LoRA:' "$LOGS/lora.log" | cut -c1-80; grep -E '^step +4' "$LOGS/lora.log" | tail -n 1 | cut -c1-100)
+  else
+    STATUS[lora]=FAIL; DETAIL[lora]="rc $? (see lora.log)"
+  fi
+  tail -n 3 "$LOGS/lora.log"
+else
+  STATUS[lora]=skipped
 fi
 
 # Where a GPU step's time goes: a Kineto profile of 2 steps of Wan 2.1 1.3B at 8,190 tokens

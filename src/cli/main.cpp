@@ -50,7 +50,9 @@
 #include "parallel/step_time.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
+#include "model/lora.h"
 #include "train/checkpoint.h"
+#include "train/run_weights.h"
 #include "train/trainer.h"
 #include "vae/wan_vae.h"
 
@@ -269,6 +271,7 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     if (lead)
       std::printf("latent cache %s: %lld samples in %zu buckets, %lld tokens per batch\n", cfg.data.cache_dir.c_str(),
                   (long long)cache->size(), loader->bucket_names().size(), (long long)loader->token_budget());
+    if (lead) std::printf("  loader: %s\n", loader->plan().c_str());
     data = loader;
   } else {
     data = std::make_shared<EpochBatchSource>(std::make_shared<SyntheticDataset>(cfg, 4096, cfg.train.seed),
@@ -365,10 +368,9 @@ int sample_wan(Config cfg, const SampleArgs& a) {
                   "or pass --checkpoint DIR or --weights DIR");
       checkpoint = *latest;
     }
-    CheckpointState s = load_checkpoint(checkpoint);
-    const bool ema = a.use_ema && !s.ema.empty();
-    transformer = ema ? s.ema : s.model;
-    source = checkpoint + (ema ? " (EMA weights)" : " (raw weights)");
+    CheckpointWeights cw = read_checkpoint_weights(checkpoint, a.use_ema);
+    transformer = std::move(cw.weights);
+    source = checkpoint + (cw.ema ? " (EMA weights" : " (raw weights") + (cw.adapters.empty() ? ")" : ", LoRA merged)");
     w.transformer = checkpoint;
   }
   w.require_all();
@@ -423,10 +425,10 @@ int cmd_sample(const CommonOpts& o, const SampleArgs& a) {
                 "/checkpoints': train first or pass --checkpoint DIR");
     checkpoint = *latest;
   }
-  CheckpointState s = load_checkpoint(checkpoint);
+  const CheckpointWeights s = read_checkpoint_weights(checkpoint, a.use_ema);
   DiT model(cfg.model);
-  const bool ema = a.use_ema && !s.ema.empty();
-  load_state_dict(*model, ema ? s.ema : s.model, checkpoint + (ema ? "/ema.safetensors" : "/model.safetensors"));
+  const bool ema = s.ema;
+  load_state_dict(*model, s.weights, checkpoint + (ema ? "/ema.safetensors" : "/model.safetensors"));
   VIDIT_CHECK(cfg.data.source == DataSource::demo, "vidit sample: text prompts need a text encoder: the demo's "
               "caption embedder (data.source = \"demo\"), or umT5 (--text-encoder DIR / text.encoder, or --weights DIR)");
   VIDIT_CHECK(!a.prompts.empty(), "vidit sample: give at least one --prompt \"a red square moving left\"");
@@ -527,29 +529,37 @@ int cmd_encode_text(const CommonOpts& o, const std::string& encoder, const std::
 
 // vidit export: a checkpoint (or a run's newest) to a folder diffusers or Wan's own code opens:
 // the transformer's EMA weights (or --raw), put back together from however many ranks saved
-// them, with the config.json of the layout. The model shape comes from the checkpoint's config.
+// them, with the config.json of the layout (a LoRA run's adapters merged onto its base). The
+// model shape comes from the checkpoint's config. --format lora: a LoRA run's adapters alone, as
+// the one safetensors file diffusers' load_lora_weights and ComfyUI read (model/lora.h).
 int cmd_export(const std::string& format, const std::string& from, const std::string& out, bool use_ema,
                double shard_gb) {
-  namespace fs = std::filesystem;
-  std::string checkpoint = from;
-  if (fs::is_directory(fs::path(from) / "checkpoints")) {
-    auto latest = latest_checkpoint(from);
-    VIDIT_CHECK(latest, "vidit export: the run '", from, "' has no committed checkpoint under checkpoints/");
-    checkpoint = *latest;
+  CheckpointWeights w = read_checkpoint_weights(from, use_ema);
+  const char* which = w.ema ? "EMA" : "raw";
+  if (format == "lora") {
+    VIDIT_CHECK(!w.adapters.empty(), "vidit export --format lora: ", w.checkpoint, " is not a LoRA run (lora.rank = 0); "
+                "export it as a whole model with --format diffusers or wan");
+    VIDIT_CHECK(!std::filesystem::exists(out), "vidit export: '", out, "' exists; give a new file name (nothing was written)");
+    const TensorMap file = lora_file_tensors(w.adapters, w.lora_scale, at::kBFloat16);
+    const std::string tmp = out + ".tmp";
+    save_safetensors(tmp, file, {{"format", "pt"},
+                                 {"ss_network_module", "lora"},
+                                 {"ss_network_dim", std::to_string(w.config.lora.rank)},
+                                 {"ss_network_alpha", std::to_string(w.lora_scale * double(w.config.lora.rank))},
+                                 {"vidit_step", std::to_string(w.step)}});
+    std::filesystem::rename(tmp, out);
+    std::printf("exported the LoRA adapters of %s (step %lld, %s; rank %lld, alpha %g, %zu projections) to %s\n",
+                w.checkpoint.c_str(), (long long)w.step, which, (long long)w.config.lora.rank,
+                w.lora_scale * double(w.config.lora.rank), w.adapters.size() / 2, out.c_str());
+    return 0;
   }
-  VIDIT_CHECK(fs::exists(fs::path(checkpoint) / "meta.json"), "vidit export: '", from, "' is neither a run folder "
-              "(with checkpoints/) nor a checkpoint (with meta.json)");
-  CheckpointState s = load_checkpoint(checkpoint);
-  const Config cfg = parse_config(s.config_toml, checkpoint + "/meta.json");
-  const bool ema = use_ema && !s.ema.empty();
-  const TensorMap& weights = ema ? s.ema : s.model;
   const uint64_t shard = uint64_t(shard_gb * 1e9);
   if (format == "diffusers")
-    write_diffusers_transformer(weights, cfg.model, out, shard);
+    write_diffusers_transformer(w.weights, w.config.model, out, shard);
   else
-    write_wan_transformer(weights, cfg.model, out, shard);
-  std::printf("exported %s (step %lld, %s weights) to %s in the %s layout\n", checkpoint.c_str(), (long long)s.step,
-              ema ? "EMA" : "raw", out.c_str(), format.c_str());
+    write_wan_transformer(w.weights, w.config.model, out, shard);
+  std::printf("exported %s (step %lld, %s weights%s) to %s in the %s layout\n", w.checkpoint.c_str(), (long long)w.step,
+              which, w.adapters.empty() ? "" : ", LoRA merged onto its base", out.c_str(), format.c_str());
   return 0;
 }
 
@@ -730,7 +740,9 @@ int main(int argc, char** argv) {
   double export_shard_gb = 10;
   auto* exp = app.add_subcommand("export", "write a checkpoint's transformer as a folder diffusers "
                                            "(WanTransformer3DModel.from_pretrained) or Wan's code opens");
-  exp->add_option("--format", export_format, "diffusers or wan")->check(CLI::IsMember({"diffusers", "wan"}));
+  exp->add_option("--format", export_format, "diffusers, wan, or lora (a LoRA run's adapters alone, one .safetensors "
+                  "file for diffusers' load_lora_weights and ComfyUI)")
+      ->check(CLI::IsMember({"diffusers", "wan", "lora"}));
   exp->add_option("from", export_from, "a run folder (its newest checkpoint) or a checkpoint folder")->required();
   exp->add_option("out", export_out, "the folder to write (must not exist, or be empty)")->required();
   exp->add_flag("!--raw", export_ema, "export the raw weights instead of the EMA weights");

@@ -78,6 +78,7 @@ void visit(C& c, F&& f) {
   { const char* section = "train"; auto& s = c.train; VIDIT_TRAIN_KEYS(VIDIT_VISIT) }
   { const char* section = "sample"; auto& s = c.sample; VIDIT_SAMPLE_KEYS(VIDIT_VISIT) }
   { const char* section = "text"; auto& s = c.text; VIDIT_TEXT_KEYS(VIDIT_VISIT) }
+  { const char* section = "lora"; auto& s = c.lora; VIDIT_LORA_KEYS(VIDIT_VISIT) }
   { const char* section = "demo"; auto& s = c.demo; VIDIT_DEMO_KEYS(VIDIT_VISIT) }
   { const char* section = "parallel"; auto& s = c.parallel; VIDIT_PARALLEL_KEYS(VIDIT_VISIT) }
   { const char* section = "faults"; auto& s = c.faults; VIDIT_FAULT_KEYS(VIDIT_VISIT) }
@@ -139,6 +140,7 @@ std::string type_name() {
   else if constexpr (std::is_same_v<T, Patch>) return "an array of 3 integers";
   else if constexpr (std::is_same_v<T, IntList>) return "an array of integers";
   else if constexpr (std::is_same_v<T, NumList>) return "an array of numbers";
+  else if constexpr (std::is_same_v<T, StrList>) return "an array of strings";
   else {
     static_assert(is_config_enum<T>);
     std::string s;
@@ -184,6 +186,15 @@ void read_value(const toml::node& n, T& out, const std::string& key, const std::
     }
     if constexpr (std::is_same_v<T, Patch>) std::copy(v.begin(), v.end(), out.begin());
     else out = v;
+  } else if constexpr (std::is_same_v<T, StrList>) {
+    const toml::array* arr = n.as_array();
+    if (!arr) type_error(file, key, want, n);
+    StrList v;
+    for (const auto& e : *arr) {
+      if (!e.is_string()) type_error(file, key, want, n);
+      v.push_back(*e.value<std::string>());
+    }
+    out = v;
   } else {
     const auto& names = EnumNames<T>::names();
     if (!n.is_string()) type_error(file, key, want, n);
@@ -200,7 +211,8 @@ template <class T>
 void write_value(toml::table& t, const char* name, const T& v) {
   if constexpr (std::is_same_v<T, uint64_t>) {
     t.insert(name, int64_t(v));
-  } else if constexpr (std::is_same_v<T, Patch> || std::is_same_v<T, IntList> || std::is_same_v<T, NumList>) {
+  } else if constexpr (std::is_same_v<T, Patch> || std::is_same_v<T, IntList> || std::is_same_v<T, NumList> ||
+                       std::is_same_v<T, StrList>) {
     toml::array a;
     for (const auto& e : v) a.push_back(e);
     t.insert(name, a);
@@ -327,6 +339,18 @@ void validate_config(const Config& c) {
                 "); set data.latent_frames/latent_height/latent_width to match");
     VIDIT_CHECK(m.text_dim == dm.text_dim, f, ": model.text_dim must equal demo.text_dim (", dm.text_dim,
                 ") when data.source = \"demo\"");
+  }
+  VIDIT_CHECK(d.clip_stride_seconds == 0 || d.clip_seconds > 0, f,
+              ": data.clip_stride_seconds needs data.clip_seconds (the length of each clip)");
+  const auto& l = c.lora;
+  if (l.rank > 0) {
+    VIDIT_CHECK(!l.targets.empty(), f, ": lora.targets is empty: name the projections that get adapters, e.g. "
+                "[\"self_attn.q\", \"self_attn.v\"]");
+    const auto& p = c.parallel;
+    VIDIT_CHECK(p.tensor == 1 && p.shard == 1 && !p.apply_all, f,
+                ": LoRA (lora.rank > 0) trains with data parallel (parallel.replicate) and sequence parallel "
+                "(parallel.ulysses, parallel.ring); set parallel.tensor and parallel.shard to 1 (the frozen "
+                "weights are held whole on every rank; only the adapters train)");
   }
 }
 

@@ -63,6 +63,8 @@ VIDIT_CONFIG_ENUM(Schedule, cosine, constant)
 VIDIT_CONFIG_ENUM(TimestepSampling, uniform, logit_normal)
 // sample.solver: UniPC multistep (Wan's default) or Euler, both on the flow-matching sigmas.
 VIDIT_CONFIG_ENUM(Solver, unipc, euler)
+// data.balance: what each step's per-rank batches are made equal in (loader/bucket_sampler.h).
+VIDIT_CONFIG_ENUM(Balance, tokens, cost)
 #undef VIDIT_CONFIG_ENUM
 
 // The spelling of an enum value ("auto" for `automatic`), and the value of a spelling.
@@ -80,6 +82,7 @@ std::ostream& operator<<(std::ostream& os, E e)
 using Patch = std::array<int64_t, 3>;
 using IntList = std::vector<int64_t>;
 using NumList = std::vector<double>;
+using StrList = std::vector<std::string>;
 
 // ---- the keys ---------------------------------------------------------------------------------
 // KEY(type, name, default, check, doc). Checks: any, positive, non_negative, fraction ([0, 1]),
@@ -123,7 +126,21 @@ using NumList = std::vector<double>;
   KEY(Precision, cache_dtype, Precision::bf16, fp32_or_bf16, "storage of latent mean / std: \"bf16\" or \"fp32\"") \
   KEY(int64_t, token_budget, 0, non_negative, "tokens per batch per rank; 0 = batch_size x tokens of data.latent_*") \
   KEY(int64_t, loader_threads, 2, positive, "background threads assembling batches")                   \
-  KEY(int64_t, prefetch, 4, positive, "batches prepared ahead")
+  KEY(int64_t, prefetch, 4, positive, "batches prepared ahead")                                        \
+  KEY(Balance, balance, Balance::tokens, any,                                                          \
+      "what each step's per-rank batches are made equal in: \"tokens\" (data.token_budget) or \"cost\" "  \
+      "(predicted compute: the projections' and MLP's cost per token plus attention's per token squared, " \
+      "from the model's shape; loader/cost_model.h)")                                                   \
+  KEY(double, clip_seconds, 0.0, non_negative,                                                         \
+      "vidit prepare: cut each video into clips of this many seconds (each cached with its source and " \
+      "time range); 0 = one clip per video (from its start, or the manifest's start / end)")          \
+  KEY(double, clip_stride_seconds, 0.0, non_negative,                                                  \
+      "seconds between the starts of a video's consecutive clips; 0 = data.clip_seconds (back to back)") \
+  KEY(int64_t, max_clips_per_video, 100, positive, "at most this many clips from one video (spread over it)") \
+  KEY(bool, split_scenes, false, any,                                                                  \
+      "vidit prepare: find hard cuts in the decoded low-resolution frames and make no clip that crosses one") \
+  KEY(double, scene_threshold, 0.5, fraction,                                                          \
+      "a cut is where consecutive frames' luma histograms differ by more than this (total variation distance, 0..1)")
 
 // Bucket shapes (src/prepare/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
@@ -261,6 +278,22 @@ using NumList = std::vector<double>;
   KEY(double, fps, 16.0, positive, "frame rate of the videos written (Wan 2.1: 16)")                   \
   KEY(uint64_t, seed, 1, any, "seed of the sampled noise")
 
+// Low-rank adapters (model/lora.h): fine-tuning that trains small matrices beside the blocks'
+// frozen projections (usually from train.init_from). rank 0: off.
+#define VIDIT_LORA_KEYS(KEY)                                                                           \
+  KEY(int64_t, rank, 0, non_negative,                                                                  \
+      "adapter rank r: each targeted projection W gets A [r, in] and B [out, r]; 0 = no LoRA (every weight trains)") \
+  KEY(double, alpha, 0.0, non_negative, "the adapters add (alpha / rank) B A x; 0 = rank (a scale of 1)") \
+  KEY(double, dropout, 0.0, below_one, "dropout on the adapters' input while training")                 \
+  KEY(StrList, targets,                                                                                \
+      (StrList{"self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k", \
+               "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2"}),                                      \
+      any,                                                                                             \
+      "the blocks' projections that get adapters: blocks.N.<path> matches a target equal to it or ending in " \
+      "\".\" + the target (\"q\" matches both attentions' q; \"ffn.0\" every block's first MLP layer)")    \
+  KEY(Precision, base_dtype, Precision::fp32, fp32_or_bf16,                                            \
+      "storage of the frozen weights of the targeted projections: \"fp32\" or \"bf16\" (half their memory)")
+
 // The umT5 text encoder (src/text/): captions to the DiT's context, in C++.
 #define VIDIT_TEXT_KEYS(KEY)                                                                           \
   KEY(std::string, encoder, "", any,                                                                   \
@@ -338,6 +371,7 @@ struct DiffusionConfig { VIDIT_DIFFUSION_KEYS(VIDIT_CONFIG_FIELD) };
 struct TrainConfig { VIDIT_TRAIN_KEYS(VIDIT_CONFIG_FIELD) };
 struct SampleConfig { VIDIT_SAMPLE_KEYS(VIDIT_CONFIG_FIELD) };
 struct TextConfig { VIDIT_TEXT_KEYS(VIDIT_CONFIG_FIELD) };
+struct LoraConfig { VIDIT_LORA_KEYS(VIDIT_CONFIG_FIELD) };
 struct DemoConfig { VIDIT_DEMO_KEYS(VIDIT_CONFIG_FIELD) };
 struct ParallelConfig { VIDIT_PARALLEL_KEYS(VIDIT_CONFIG_FIELD) };
 struct FaultConfig { VIDIT_FAULT_KEYS(VIDIT_CONFIG_FIELD) };
@@ -351,6 +385,7 @@ struct Config {
   TrainConfig train;
   SampleConfig sample;
   TextConfig text;
+  LoraConfig lora;
   DemoConfig demo;
   ParallelConfig parallel;
   FaultConfig faults;

@@ -94,7 +94,7 @@ std::pair<int, int> check_prompts(DiT& model, const Config& cfg, bool held, cons
 // the trainer shards them).
 DiT sampling_model(Trainer& trainer, const Config& cfg) {
   DiT model(cfg.model);
-  load_state_dict(*model, trainer.ema() ? trainer.ema_weights() : trainer.weights(), "trained weights");
+  load_state_dict(*model, trainer.sampling_weights(), "trained weights");
   return model;
 }
 

@@ -168,6 +168,10 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   const int64_t whole = recompute_blocks < 0 ? n : std::min(recompute_blocks, n);
   const int64_t selective = selective_blocks < 0 ? n - whole : std::min(selective_blocks, n - whole);
   const bool grad = at::GradMode::is_enabled();
+  // A recomputed block joins the graph through its inputs only (its weights are used inside the
+  // rerun), so when the embeddings are frozen (a LoRA fine-tune, model/lora.h) the stream must
+  // still ask for a gradient, or the blocks' own trainable tensors would get none.
+  if (grad && whole + selective > 0 && !tokens.requires_grad()) tokens = tokens.detach().requires_grad_();
   for (int64_t i = 0; i < n; ++i) {
     const trace::Annotation annotation("block", i);  // in a profile of the run (diagnose/profile.h)
     if (hooks.block_begin) hooks.block_begin(i);

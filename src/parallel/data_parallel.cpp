@@ -28,7 +28,9 @@ DataParallel::DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm>
     at::NoGradGuard no_grad;
     for (auto& p : params_) {
       VIDIT_CHECK(p.is_leaf() && p.requires_grad() && p.is_contiguous(),
-                  "data parallel: parameters must be contiguous leaf tensors that require grad");
+                  "data parallel: parameters must be contiguous leaf tensors that require grad (one of shape ",
+                  p.sizes(), " is", p.is_leaf() ? "" : " not a leaf,", p.requires_grad() ? "" : " frozen,",
+                  p.is_contiguous() ? "" : " not contiguous", ")");
       dp_->broadcast(p, 0)->wait();
     }
   }
@@ -115,9 +117,13 @@ void apply_data_parallel(ParallelModel& pm, const ParallelConfig& cfg) {
   const char* group = mesh.degree("sp") > 1 ? "dpsp" : "dp";
   const bool engine_of_one = mesh.size() == 1 && mesh.world()->backend() != "single";
   if (mesh.degree(group) == 1 && !engine_of_one) return;
-  // Registration order (the model's), so that buckets follow the order backward finishes them.
+  // Registration order (the model's), so that buckets follow the order backward finishes them;
+  // with the model frozen (LoRA), the adapters the run trains, by name.
   std::vector<at::Tensor> ordered;
-  for (auto& p : pm.model()->parameters(true)) ordered.push_back(p);
+  for (auto& p : pm.model()->parameters(true))
+    if (p.requires_grad()) ordered.push_back(p);
+  if (ordered.empty())
+    for (const auto& [name, p] : pm.params()) ordered.push_back(p);
   pm.add_sync(std::make_unique<DataParallel>(ordered, mesh.group(group),
                                              std::max<int64_t>(1, int64_t(cfg.bucket_mb * (1 << 20))),
                                              double(mesh.degree("dp"))));

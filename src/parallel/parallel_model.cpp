@@ -7,10 +7,11 @@
 
 namespace vidit {
 
-ParallelModel::ParallelModel(DiT model, std::shared_ptr<const Mesh> mesh)
-    : model_(std::move(model)), mesh_(std::move(mesh)) {
+ParallelModel::ParallelModel(DiT model, std::shared_ptr<const Mesh> mesh, TensorMap trainable)
+    : model_(std::move(model)), mesh_(std::move(mesh)), params_(std::move(trainable)) {
   VIDIT_CHECK(mesh_, "ParallelModel needs a mesh (one process: a mesh of size 1)");
-  for (auto& item : model_->named_parameters(true)) params_[item.key()] = item.value();
+  if (params_.empty())
+    for (auto& item : model_->named_parameters(true)) params_[item.key()] = item.value();
   layouts_ = replicated_layouts(params_);
 }
 

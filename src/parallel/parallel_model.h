@@ -40,7 +40,9 @@ class GradientSync {
 class ParallelModel {
  public:
   // Every parameter of `model` replicated, no reductions; the transformations edit it.
-  ParallelModel(DiT model, std::shared_ptr<const Mesh> mesh);
+  // `trainable`, when given, are the parameters the run trains instead of the model's own (LoRA's
+  // adapters, model/lora.h: the model's weights are then frozen and no technique touches them).
+  ParallelModel(DiT model, std::shared_ptr<const Mesh> mesh, TensorMap trainable = {});
 
   DiT& model() { return model_; }
   const Mesh& mesh() const { return *mesh_; }

@@ -9,8 +9,8 @@
 namespace vidit {
 
 std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg,
-                                           const BlockActivations* activations) {
-  auto pm = std::make_unique<ParallelModel>(std::move(model), std::move(mesh));
+                                           const BlockActivations* activations, TensorMap trainable) {
+  auto pm = std::make_unique<ParallelModel>(std::move(model), std::move(mesh), std::move(trainable));
   apply_tensor_parallel(*pm, cfg.parallel);
   apply_sequence_parallel(*pm);
   const RecomputeCounts rc = recompute_counts(cfg, activations);

@@ -30,8 +30,10 @@ namespace vidit {
 
 // Collective over the mesh (FSDP and data parallel broadcast rank 0's weights).
 // `activations`: a block's measured activations, for train.memory_budget_gb (nullptr: the plan's formula).
+// `trainable`: what the run trains when not the model's parameters (LoRA's adapters, model/lora.h;
+// validate_config keeps tensor parallel and FSDP away from them, so data parallel reduces them).
 std::unique_ptr<ParallelModel> parallelize(DiT model, std::shared_ptr<const Mesh> mesh, const Config& cfg,
-                                           const BlockActivations* activations = nullptr);
+                                           const BlockActivations* activations = nullptr, TensorMap trainable = {});
 
 // The layouts parallelize() gives `whole` parameters (by name and shape) on a mesh of the
 // config's degrees, without applying anything: what `vidit plan` counts.

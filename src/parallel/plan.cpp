@@ -1,5 +1,7 @@
 #include "parallel/plan.h"
 
+#include "model/lora.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -8,6 +10,7 @@
 #include "core/error.h"
 #include "parallel/mesh.h"
 #include "model/fp8.h"
+#include "model/lora.h"
 #include "model/model_info.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
@@ -116,6 +119,17 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   plan.grads = 4 * kept;
   plan.optimizer = 8 * kept;
   plan.ema = cfg.train.ema_decay > 0 ? 4 * kept : 0;
+  // LoRA (model/lora.h): the adapters are all that trains (no tensor parallel or FSDP), the
+  // targeted weights are stored in lora.base_dtype, and nothing else has a gradient.
+  const LoraCounts lora = lora_counts(m, cfg.lora);
+  if (cfg.lora.rank > 0) {
+    const double base_bytes = cfg.lora.base_dtype == Precision::bf16 ? 2 : 4;
+    plan.lora_params = lora.adapter_params;
+    plan.weights += 4 * double(lora.adapter_params) - (4 - base_bytes) * double(lora.adapted_weights);
+    plan.grads = 4 * double(lora.adapter_params);
+    plan.optimizer = 8 * double(lora.adapter_params);
+    plan.ema = cfg.train.ema_decay > 0 ? 4 * double(lora.adapter_params) : 0;
+  }
   // Gathered weights fill the model's fp32 parameters, or e4m3 copies of the FP8 ones.
   const double block_held = 4 * (block - block_fp8) + block_fp8;
   plan.gathered = p.shard > 1 ? 4 * root + std::min<double>(2, m.layers) * block_held : 0;
@@ -147,7 +161,7 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
     add("all_reduce", "HSDP gradients over replicate", A * all_reduce(R, 4 * P / S));
     add("all_reduce", "bookkeeping", all_reduce(S, 8 * norm_doubles("shard")));
   } else {
-    add("all_reduce", "data-parallel gradients", all_reduce(dp * sp, 4 * P));
+    add("all_reduce", "data-parallel gradients", all_reduce(dp * sp, 4 * (cfg.lora.rank > 0 ? double(lora.adapter_params) : P)));
   }
   add("all_reduce", "bookkeeping", all_reduce(dp, 32));
   // Spike detection (diagnose/spike_detector.h): each dp rank's sample count, then every
@@ -207,7 +221,11 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
      << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered)
      << ", activations ~" << human(plan.activations)
      << (plan.measured_activations ? " (a block's, measured)" : " (estimate)") << "\n"
-     << "                total ~" << human(plan.memory()) << "\n"
+     << "                total ~" << human(plan.memory()) << "\n";
+  if (plan.lora_params > 0)
+    os << "LoRA            " << plan.lora_params << " adapter parameters train (rank " << cfg.lora.rank
+       << "); every other weight is frozen (grads, AdamW and EMA hold the adapters only)\n";
+  os
      << "recompute       " << plan.recompute.whole << " blocks whole, " << plan.recompute.selective << " selectively, "
      << cfg.model.layers - plan.recompute.whole - plan.recompute.selective << " keep their activations"
      << (cfg.train.memory_budget_gb > 0 ? " (the least that fits train.memory_budget_gb)" : "") << "\n"

@@ -64,6 +64,7 @@ struct StepPlan {
   bool measured_activations = false;  // activations from a BlockActivations, not the formula
   RecomputeCounts recompute;
   int64_t params = 0;
+  int64_t lora_params = 0;  // LoRA's adapters (model/lora.h), the only parameters that train; 0 without
   // Memory per rank, bytes.
   double weights = 0, grads = 0, optimizer = 0, ema = 0, gathered = 0, activations = 0;
   double memory() const { return weights + grads + optimizer + ema + gathered + activations; }

@@ -32,9 +32,11 @@
 #include "resilience/stop_signal.h"
 #include "model/attention_backend.h"
 #include "model/fp8.h"
+#include "model/lora.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "train/checkpoint.h"
+#include "train/run_weights.h"
 
 namespace vidit {
 
@@ -82,14 +84,22 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   if (!cfg.train.init_from.empty()) {
     // A release's config.json, when there is one, must agree with the run's model on what the
     // weights cannot show (their shapes are checked by name below): RoPE's base and the text length.
-    if (!find_transformer_weights(cfg.train.init_from).config.empty()) {
-      const ModelConfig r = read_transformer_config(cfg.train.init_from);
-      VIDIT_CHECK(r.rope_theta == cfg.model.rope_theta && r.text_len == cfg.model.text_len, "train.init_from '",
-                  cfg.train.init_from, "' was trained with rope_theta ", r.rope_theta, " and text_len ", r.text_len,
-                  " (its config.json); this run has model.rope_theta = ", cfg.model.rope_theta, " and model.text_len = ",
-                  cfg.model.text_len, ": set them to match");
+    // A vidit run or checkpoint gives its EMA weights (a LoRA run's merged onto its base).
+    const std::string& from = cfg.train.init_from;
+    std::optional<ModelConfig> r;
+    TensorMap init;
+    if (is_vidit_checkpoint_path(from)) {
+      CheckpointWeights w = read_checkpoint_weights(from);
+      r = w.config.model, init = std::move(w.weights);
+    } else {
+      if (!find_transformer_weights(from).config.empty()) r = read_transformer_config(from);
+      init = read_weights(from);
     }
-    load_state_dict(*model, read_weights(cfg.train.init_from), cfg.train.init_from);
+    VIDIT_CHECK(!r || (r->rope_theta == cfg.model.rope_theta && r->text_len == cfg.model.text_len), "train.init_from '",
+                from, "' was trained with rope_theta ", r->rope_theta, " and text_len ", r->text_len,
+                " (its config); this run has model.rope_theta = ", cfg.model.rope_theta, " and model.text_len = ",
+                cfg.model.text_len, ": set them to match");
+    load_state_dict(*model, init, from);
   }
   model->to(device_);
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
@@ -98,6 +108,24 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   if (cfg.train.fp8_reuse_casts && uses_fp8(cfg.train.precision))
     fp8_casts_ = std::make_shared<Fp8Casts>(/*weights=*/cfg.parallel.shard <= 1);
   const int64_t fp8_layers = apply_fp8(*model, cfg.train.precision, cfg.train.fp8_fast_accum, fp8_casts_);
+  // LoRA: adapters beside the frozen projections, and the only parameters the run trains.
+  TensorMap adapters;
+  if (cfg.lora.rank > 0) {
+    VIDIT_CHECK(cfg.lora.dropout == 0 || (cfg.train.recompute_blocks == 0 && cfg.train.memory_budget_gb == 0),
+                "lora.dropout > 0 with activation recompute (train.recompute_blocks / train.memory_budget_gb): a "
+                "recomputed block would draw other dropout masks than its forward did; set one of them to 0");
+    adapters = apply_lora(*model, cfg.lora);
+    if (is_lead()) {
+      int64_t n = 0, base = 0;
+      for (const auto& [name, t] : adapters) n += t.numel();
+      for (const auto& p : model->parameters()) base += p.numel();
+      std::printf("LoRA: rank %lld, scale %g, %zu projections adapted (%lld trained parameters, %.3f%% of the "
+                  "%lld frozen ones)%s\n",
+                  (long long)cfg.lora.rank, lora_scale(cfg.lora), adapters.size() / 2, (long long)n,
+                  100.0 * double(n) / double(std::max<int64_t>(1, base)), (long long)base,
+                  cfg.train.init_from.empty() ? "; train.init_from is empty: the base is a random init" : "");
+    }
+  }
   select_attention_backend(cfg.train.attention_backend, device_);
   {
     const ParallelConfig& p = cfg.parallel;
@@ -140,7 +168,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                  : device_.is_cuda()       ? peak_tflops(cuda_device_name(std::max<int>(0, device_.index())), cfg.train.precision)
                                            : 0;
   // Every parallelism of the mesh, in one place; params() are what this rank updates.
-  pm_ = parallelize(std::move(model), mesh_, cfg, activations ? &*activations : nullptr);
+  pm_ = parallelize(std::move(model), mesh_, cfg, activations ? &*activations : nullptr, std::move(adapters));
   opt_ = std::make_unique<AdamW>(pm_->params(), AdamWOptions{cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps,
                                                             cfg.train.weight_decay},
                                  pm_->whole_shapes());
@@ -150,6 +178,12 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   quarantine_ = std::make_unique<Quarantine>(cfg.train.out_dir, cfg.train.quarantine_after);
   data_->skip(quarantine_->quarantined());
   lr_scale_ = std::pow(cfg.train.rollback_lr_scale, double(quarantine_->rollbacks()));
+}
+
+TensorMap Trainer::sampling_weights() const {
+  TensorMap w = ema_ ? ema_weights() : weights();
+  if (cfg_.lora.rank == 0) return w;
+  return merge_lora(state_dict(*pm_->model()), w, lora_scale(cfg_.lora));
 }
 
 EventLog& Trainer::events() {

@@ -118,6 +118,9 @@ class Trainer {
   // Whole weights by name, raw and EMA (collective over the mesh).
   TensorMap weights() const { return pm_->whole(pm_->params()); }
   TensorMap ema_weights() const { return ema_ ? pm_->whole(ema_->weights()) : TensorMap{}; }
+  // The whole transformer weights to sample with: the EMA's when there is one, else the raw
+  // ones; in a LoRA run (model/lora.h) the frozen base with those adapters merged (collective).
+  TensorMap sampling_weights() const;
   const Config& config() const { return cfg_; }
   // <out_dir>/events.jsonl (rank 0; a sink on the others).
   EventLog& events();

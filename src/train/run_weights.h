@@ -1,0 +1,38 @@
+// The whole transformer weights a path names, for starting a run (train.init_from), sampling and
+// exporting:
+//   - a release or an exported folder, in either layout (model/weight_layout.h);
+//   - a vidit run (its newest committed checkpoint) or a checkpoint folder: its EMA weights (or the
+//     raw ones), put together from however many ranks saved them. A LoRA run's checkpoint holds
+//     its adapters only (model/lora.h); they are merged onto the weights that run started from
+//     (its own train.init_from, read the same way; or, when that was empty, the random init its
+//     train.seed gives, rebuilt as the trainer built it).
+#pragma once
+#include <string>
+
+#include "core/config.h"
+#include "core/safetensors.h"
+
+namespace vidit {
+
+// Whether `path` is a vidit run folder (with checkpoints/) or a checkpoint (with meta.json).
+bool is_vidit_checkpoint_path(const std::string& path);
+
+struct CheckpointWeights {
+  std::string checkpoint;  // the checkpoint folder read
+  int64_t step = 0;
+  bool ema = false;        // the EMA weights were taken
+  Config config;           // the run's resolved config (its model shape, its [lora], ...)
+  TensorMap weights;       // whole, official names; with LoRA, the base with the adapters merged
+  TensorMap adapters;      // a LoRA run's adapters (whole), else empty
+  double lora_scale = 0;   // their alpha / rank
+};
+
+// A run folder or a checkpoint; `use_ema`: the EMA weights when the checkpoint has them. Throws
+// vidit::Error naming the path when it holds no committed checkpoint, and naming the base when a
+// LoRA run's base cannot be read (moved or deleted: the message says which key to point at it).
+CheckpointWeights read_checkpoint_weights(const std::string& run_or_checkpoint, bool use_ema = true);
+
+// Weights in official names from any path above (a checkpoint's EMA weights).
+TensorMap read_any_weights(const std::string& path);
+
+}  // namespace vidit

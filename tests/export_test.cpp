@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "core/safetensors.h"
 #include "model/dit.h"
@@ -79,6 +80,47 @@ TEST(Export, ShardedCheckpointToDiffusersAndWanFolders) {
   const at::Tensor theirs = load_safetensors(dir / "theirs.safetensors").at("out");
   // diffusers computes the timestep sinusoid in fp32, we in fp64: a few 1e-6 apart.
   EXPECT_TRUE(at::allclose(ours, theirs, 1e-4, 1e-4)) << (ours - theirs).abs().max().item<double>();
+}
+
+// A LoRA run's adapters as diffusers reads them: `vidit export --format lora` read by diffusers' own
+// WanLoraLoaderMixin.lora_state_dict (the reader of WanPipeline.load_lora_weights) and fused into
+// the base model gives what our merged export (--format diffusers) computes in diffusers.
+TEST(Export, LoraFileReadByDiffusersEqualsTheMergedExport) {
+  test::ScratchDir dir("export_lora");
+  const std::string tiny = test::kTinyTrainArgs;
+  auto base = test::run_process(std::string(VIDIT_BINARY) + tiny + (dir / "base") +
+                                " model.rope_theta=10000.0 train.ema_decay=0 train.steps=12 train.lr=1e-2 train.warmup_steps=0 2>&1");
+  ASSERT_EQ(base.status, 0) << base.output;
+  auto lora = test::run_process(std::string(VIDIT_BINARY) + tiny + (dir / "lora") +
+                                " model.rope_theta=10000.0 train.ema_decay=0 train.steps=12 train.lr=2e-2 train.warmup_steps=0"
+                                " lora.rank=4 lora.alpha=2 'lora.targets=[\"self_attn.q\",\"self_attn.o\",\"cross_attn.v\",\"ffn.0\",\"ffn.2\"]'"
+                                " train.init_from=" + (dir / "base") + " 2>&1");
+  ASSERT_EQ(lora.status, 0) << lora.output;
+  for (const auto& [from, format, out] : {std::tuple<std::string, std::string, std::string>{dir / "base", "diffusers", dir / "base_d"},
+                                          {dir / "lora", "diffusers", dir / "merged_d"},
+                                          {dir / "lora", "lora", dir / "adapters.safetensors"}}) {
+    auto e = test::run_process(std::string(VIDIT_BINARY) + " export --format " + format + " " + from + " " + out + " 2>&1");
+    ASSERT_EQ(e.status, 0) << e.output;
+  }
+  at::manual_seed(7);
+  save_safetensors(dir / "in.safetensors",
+                   {{"x", at::randn({1, 4, 2, 4, 4})}, {"t", at::tensor({640.0f})}, {"text", at::randn({1, 4, 8})}});
+  const std::string ref = std::string(VIDIT_PYTHON) + " " + VIDIT_SOURCE_DIR + "/tests/reference/diffusers_wan_reference.py forward ";
+  auto with_lora = test::run_process(ref + (dir / "base_d") + " " + (dir / "in.safetensors") + " " + (dir / "a.safetensors") +
+                                     " " + (dir / "adapters.safetensors") + " 2>&1");
+  if (with_lora.status == 3) GTEST_SKIP() << with_lora.output;
+  ASSERT_EQ(with_lora.status, 0) << with_lora.output;
+  EXPECT_NE(with_lora.output.find("fused 10 LoRA adapters"), std::string::npos) << with_lora.output;
+  auto merged = test::run_process(ref + (dir / "merged_d") + " " + (dir / "in.safetensors") + " " + (dir / "b.safetensors") + " 2>&1");
+  ASSERT_EQ(merged.status, 0) << merged.output;
+  auto plain = test::run_process(ref + (dir / "base_d") + " " + (dir / "in.safetensors") + " " + (dir / "c.safetensors") + " 2>&1");
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  const at::Tensor a = load_safetensors(dir / "a.safetensors").at("out"), b = load_safetensors(dir / "b.safetensors").at("out"),
+                   c = load_safetensors(dir / "c.safetensors").at("out");
+  // The adapters changed the model, and diffusers' reading of them is the merge (bf16 file: 1e-2).
+  EXPECT_GT((b - c).abs().max().item<double>(), 1e-3);
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-2 * (b - c).abs().max().item<double>() + 1e-6)
+      << (a - b).abs().max().item<double>() << " vs a LoRA effect of " << (b - c).abs().max().item<double>();
 }
 
 }  // namespace

@@ -490,8 +490,8 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
   PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n, &progress);
   std::printf("%s", prepare_summary(r, n > 1 ? "summary of worker " + std::to_string(w) + " of " + std::to_string(n)
                                              : std::string("summary")).c_str());
-  std::printf("prepared %lld of %lld entries in %.1f s: %lld written, %lld already cached, %lld rejected "
-              "(see %s/rejects%s)\n", (long long)(r.written + r.already_done), (long long)r.entries, r.seconds,
+  std::printf("prepared %lld entries in %.1f s: %lld written, %lld already cached, %lld rejected "
+              "(see %s/rejects%s)\n", (long long)r.entries, r.seconds,
               (long long)r.written, (long long)r.already_done, (long long)r.rejected, cfg.data.cache_dir.c_str(),
               r.merged ? ".jsonl" : "/");
   if (r.merged && n > 1)

@@ -1,6 +1,7 @@
 #include "prepare/prepare.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "prepare/buckets.h"
+#include "prepare/clips.h"
 #include "loader/latent_cache.h"
 #include "prepare/manifest.h"
 #include "video/video_decoder.h"
@@ -59,7 +61,42 @@ std::string worker_name(int w) {
 nlohmann::json report_json(const PrepareReport& r) {
   return {{"entries", r.entries}, {"written", r.written}, {"already_done", r.already_done}, {"rejected", r.rejected},
           {"seconds", r.seconds}, {"source_seconds", r.source_seconds}, {"per_bucket", r.per_bucket},
-          {"rejected_by", r.rejected_by}};
+          {"rejected_by", r.rejected_by}, {"videos_cut", r.videos_cut}, {"warned_by", r.warned_by}};
+}
+
+// The key under which a video's clip plan is recorded: its path and manifest window, and every
+// setting that changes which clips it gives.
+std::string video_plan_key(const ManifestEntry& e, const DataConfig& d) {
+  char settings[160];
+  std::snprintf(settings, sizeof settings, "|clips %.17g %.17g %lld %d %.17g fps %.17g", d.clip_seconds,
+                d.clip_stride_seconds, static_cast<long long>(d.max_clips_per_video), int(d.split_scenes),
+                d.scene_threshold, d.fps);
+  return cache_key(e.path + settings, e.start, e.end);
+}
+
+// clips/w*.jsonl of every worker: video plan key -> the keys of its clips (the latest line wins).
+std::map<std::string, std::vector<std::string>> read_clip_plans(const std::string& dir) {
+  std::map<std::string, std::vector<std::string>> plans;
+  if (!fs::is_directory(dir + "/clips")) return plans;
+  for (const auto& f : fs::directory_iterator(dir + "/clips")) {
+    if (f.path().extension() != ".jsonl") continue;
+    std::ifstream in(f.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      try {  // a line cut short by a crash only means that video is decoded again
+        const nlohmann::json j = nlohmann::json::parse(line);
+        plans[j.at("video").get<std::string>()] = j.at("clips").get<std::vector<std::string>>();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return plans;
+}
+
+std::string seconds_range(double a, double b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[%.3f, %.3f) s", a, b);
+  return buf;
 }
 
 // Every worker of several rewrites <cache_dir>/progress/w{W}.json every few seconds (and when it
@@ -212,9 +249,169 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   opt.device = parse_decode_device(name_of(d.decoder), "data.decoder");
   opt.square_pixels = cfg.data.square_pixels;
   const int64_t longest = *std::max_element(cfg.buckets.frames.begin(), cfg.buckets.frames.end());
+
+  // Caption of entry `e` into `s` (its text embedding, or the precomputed file it names).
+  auto caption_into = [&](const ManifestEntry& e, CacheSample& s) {
+    if (d.text_encoder == TextEncoder::precomputed) {
+      VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
+      check_text_embedding(e.text_embedding, cfg.model);
+      s.text_ref = e.text_embedding;
+    } else {
+      s.text = captions(e.caption);
+    }
+  };
+  // Buckets, encodes and writes the clip `frames` [T, H, W, 3] of entry `e` as `s` (key, text and
+  // meta already set); `stage` follows the work for the reject category.
+  auto encode_and_write = [&](const ManifestEntry& e, const at::Tensor& frames, double fps, CacheSample& s,
+                              const char*& stage) {
+    stage = "bucket";
+    const BucketChoice choice = assign_bucket(buckets, frames.size(2), frames.size(1), frames.size(0), cfg.buckets.max_upscale);
+    VIDIT_CHECK(choice.ok(), choice.reason);
+    const Bucket& b = buckets[size_t(choice.index)];
+    s.bucket = b.name();
+    stage = "encode";
+    std::tie(s.mean, s.std) = encode(fit_to_bucket(frames, b));
+    // Fault injection (resilience/fault_injection.h): a sample whose latents are extreme but
+    // whose checksum is valid, as a broken encoder or a bad source would leave it.
+    if (cfg.faults.kind == FaultKind::poison_cache && !cfg.faults.sample.empty() &&
+        (cfg.faults.sample == s.key || cfg.faults.sample == std::filesystem::path(e.path).filename().string())) {
+      s.mean = s.mean * 1000;
+      std::fprintf(stderr, "fault injection: the cache entry of %s (%s) is written with its latents x 1000\n",
+                   e.path.c_str(), s.key.c_str());
+    }
+    s.meta["fps"] = fps;
+    s.meta["frames"] = b.frames;
+    stage = "write";
+    writer.add(s);
+    ++rep.written;
+    ++rep.per_bucket[b.name()];
+    prog.count("clips");
+    if (fps > 0) rep.source_seconds += double(b.frames) / fps;
+  };
+
+  // Many clips per video (data.clip_seconds): see the header of prepare.h.
+  const bool cutting = d.clip_seconds > 0 || d.split_scenes;
+  VIDIT_CHECK(!d.split_scenes || d.clip_seconds > 0, cfg.source, ": data.split_scenes needs data.clip_seconds (the ",
+              "length of the clips cut from each scene), e.g. data.clip_seconds = 5");
+  const ClipSpec spec{d.clip_seconds, d.clip_stride_seconds, d.max_clips_per_video};
+  std::map<std::string, std::vector<std::string>> plans;
+  std::ofstream plan_log;
+  if (cutting) {
+    check_clip_spec(spec);
+    plans = read_clip_plans(d.cache_dir);
+    fs::create_directories(d.cache_dir + "/clips");
+    const std::string f = d.cache_dir + "/clips/" + worker_name(worker) + ".jsonl";
+    plan_log.open(f, std::ios::app);
+    VIDIT_CHECK(plan_log, "cannot write '", f, "'");
+  }
+  // An unusable video is recorded with the category of the stage it failed in ("missing" when a
+  // decode failed because the file is not there).
+  auto reject = [&](const ManifestEntry& e, const std::exception& ex, const char* stage) {
+    std::error_code ec;
+    const bool missing = std::string(stage) == "decode" && !fs::exists(e.path, ec);
+    rejects.add(e.path, e.where, ex.what(), missing ? "missing" : stage);
+  };
+  auto cut_video = [&](const ManifestEntry& e) {
+    const std::string vkey = video_plan_key(e, d);
+    if (auto it = plans.find(vkey); it != plans.end()) {
+      bool all = true;
+      for (const auto& k : it->second) all = all && writer.done().count(k);
+      if (all) {  // every clip of this video is in a finished shard: nothing to decode
+        rep.already_done += int64_t(it->second.size());
+        prog.count("cached", int64_t(it->second.size()));
+        ++rep.videos_cut;
+        board.update();
+        prog.skip();
+        return;
+      }
+    }
+    const char* stage = "caption";
+    try {
+      CacheSample proto;
+      caption_into(e, proto);
+      stage = "decode";
+      DecodeOptions o = opt;
+      if (e.start >= 0) o.start_seconds = e.start;
+      if (e.end >= 0) o.end_seconds = e.end;
+      const double lo = o.start_seconds;
+      double hi = o.end_seconds;
+      if (const double probed = probe_video_seconds(e.path); probed > 0) hi = std::min(hi, probed);
+      ClipCutter cutter(spec, lo, hi, d.split_scenes, d.scene_threshold, longest);
+      std::vector<std::string> keys;
+      int64_t usable = 0;  // clips written or found cached
+      int64_t width = 0, height = 0;
+      double last = -1, interval = 0;  // the latest frame's time and the gap before it
+      auto handle = [&](std::vector<ClipCutter::Clip> clips) {
+        for (auto& c : clips) {
+          const std::string key = cache_key(e.path, c.window.start, c.window.end);
+          const int64_t index = int64_t(keys.size());
+          keys.push_back(key);
+          if (writer.done().count(key)) {
+            ++rep.already_done;
+            ++usable;
+            prog.count("cached");
+            continue;
+          }
+          const char* clip_stage = "bucket";
+          try {
+            VIDIT_CHECK(c.frames.defined(), "no frame in the clip window");
+            CacheSample s = proto;
+            s.key = key;
+            const double fps = o.target_fps > 0 ? o.target_fps : interval > 0 ? 1 / interval : 0;
+            s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", c.window.start}, {"end", c.window.end},
+                      {"clip", index}, {"source_size", {width, height}}};
+            if (c.window.whole) s.meta["whole_video"] = true;
+            encode_and_write(e, c.frames, fps, s, clip_stage);
+            ++usable;
+          } catch (const std::exception& ex) {
+            // One clip that cannot be used: recorded, and the video's other clips go on.
+            rejects.add(e.path, e.where + " clip " + seconds_range(c.window.start, c.window.end), ex.what(), clip_stage);
+          }
+        }
+        board.update();
+      };
+      const DecodedVideo v = decode_video_streaming(e.path, o, [&](const at::Tensor& frame, double t) {
+        if (last >= 0 && t > last) interval = t - last;
+        last = t;
+        width = frame.size(1);
+        height = frame.size(0);
+        handle(cutter.add(frame, t));
+        return !cutter.complete();  // every clip cut: the rest of the video is not needed
+      });
+      const double step = v.fps > 0 ? 1 / v.fps : interval;
+      handle(cutter.finish(last + step));
+      if (cutter.dense_cuts()) {
+        ++rep.warned_by["scenes"];
+        std::fprintf(stderr,
+                     "warning: %s (%s): a scene cut on nearly every frame (%zu cuts in the first %lld frames: strobe, "
+                     "flicker or noise?); the rest of the video is treated as one scene. Raise data.scene_threshold "
+                     "if this video has no such cuts\n",
+                     e.path.c_str(), e.where.c_str(), cutter.cuts().size(), static_cast<long long>(cutter.frames_seen()));
+      }
+      if (keys.empty()) {
+        stage = "clips";
+        fail("no clip of ", d.clip_seconds, " s fits ", cutter.cuts().empty() ? std::string("the video") :
+             "any scene (" + std::to_string(cutter.cuts().size()) + " scene cuts found)",
+             " in ", seconds_range(lo, last + step), "; lower data.clip_seconds",
+             cutter.cuts().empty() ? "" : ", or raise data.scene_threshold if these are not real cuts");
+      }
+      if (usable > 0) ++rep.videos_cut;
+      plan_log << nlohmann::json{{"video", vkey}, {"source", e.path}, {"clips", keys}}.dump() << "\n";
+      plan_log.flush();
+    } catch (const std::exception& ex) {
+      reject(e, ex, stage);
+    }
+    board.update();
+    prog.advance();
+  };
+
   for (size_t i = size_t(worker); i < manifest.entries.size(); i += size_t(workers)) {
     const ManifestEntry& e = manifest.entries[i];
     ++rep.entries;
+    if (cutting) {
+      cut_video(e);
+      continue;
+    }
     const std::string key = cache_key(e.path, e.start, e.end);
     if (writer.done().count(key)) {
       ++rep.already_done;
@@ -232,44 +429,18 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       o.max_frames = longest;
       DecodedVideo v = decode_video(e.path, o);
       stage = "bucket";
+      // Checked before the caption is embedded, as always: a clip no bucket takes costs no text encode.
       const BucketChoice choice = assign_bucket(buckets, v.width, v.height, v.frames.size(0), cfg.buckets.max_upscale);
       VIDIT_CHECK(choice.ok(), choice.reason);
-      const Bucket& b = buckets[size_t(choice.index)];
       CacheSample s;
       s.key = key;
-      s.bucket = b.name();
       stage = "caption";
-      if (d.text_encoder == TextEncoder::precomputed) {
-        VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
-        check_text_embedding(e.text_embedding, cfg.model);
-        s.text_ref = e.text_embedding;
-      } else {
-        s.text = captions(e.caption);
-      }
-      stage = "encode";
-      std::tie(s.mean, s.std) = encode(fit_to_bucket(v.frames, b));
-      // Fault injection (resilience/fault_injection.h): a sample whose latents are extreme but
-      // whose checksum is valid, as a broken encoder or a bad source would leave it.
-      if (cfg.faults.kind == FaultKind::poison_cache && !cfg.faults.sample.empty() &&
-          (cfg.faults.sample == key || cfg.faults.sample == std::filesystem::path(e.path).filename().string())) {
-        s.mean = s.mean * 1000;
-        std::fprintf(stderr, "fault injection: the cache entry of %s (%s) is written with its latents x 1000\n",
-                     e.path.c_str(), key.c_str());
-      }
-      const double fps = v.fps > 0 ? v.fps : 0;
+      caption_into(e, s);
       s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
-                {"fps", fps}, {"frames", b.frames}, {"source_size", {v.width, v.height}}};
-      stage = "write";
-      writer.add(s);
-      ++rep.written;
-      ++rep.per_bucket[b.name()];
-      prog.count("clips");
-      if (fps > 0) rep.source_seconds += double(b.frames) / fps;
+                {"source_size", {v.width, v.height}}};
+      encode_and_write(e, v.frames, v.fps > 0 ? v.fps : 0, s, stage);
     } catch (const std::exception& ex) {
-      // One unusable video never stops the run: record it and go on.
-      std::error_code ec;
-      const bool missing = std::string(stage) == "decode" && !fs::exists(e.path, ec);
-      rejects.add(e.path, e.where, ex.what(), missing ? "missing" : stage);
+      reject(e, ex, stage);  // one unusable video never stops the run
     }
     board.update();
     prog.advance();
@@ -313,6 +484,9 @@ PrepareReport prepare_totals(const std::string& cache_dir, int workers) {
     const nlohmann::json rejected_by = j.value("rejected_by", nlohmann::json::object());
     for (const auto& [k, v] : per_bucket.items()) all.per_bucket[k] += v.get<int64_t>();
     for (const auto& [k, v] : rejected_by.items()) all.rejected_by[k] += v.get<int64_t>();
+    all.videos_cut += j.value("videos_cut", int64_t(0));
+    const nlohmann::json warned_by = j.value("warned_by", nlohmann::json::object());
+    for (const auto& [k, v] : warned_by.items()) all.warned_by[k] += v.get<int64_t>();
   }
   return all;
 }
@@ -325,7 +499,10 @@ std::string prepare_summary(const PrepareReport& r, const std::string& title) {
   rows.emplace_back("already cached", num(r.already_done));
   for (const auto& [c, n] : r.rejected_by) rows.emplace_back("rejected: " + c, num(n));
   rows.emplace_back("rejected", num(r.rejected));
+  for (const auto& [c, n] : r.warned_by) rows.emplace_back("warnings: " + c, num(n));
   rows.emplace_back("videos", num(r.entries));
+  if (r.videos_cut > 0)  // cutting clips: how many came from how many videos
+    rows.emplace_back("clips", num(r.written + r.already_done) + " from " + num(r.videos_cut) + " videos");
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f s", r.seconds);
   rows.emplace_back("time", r.seconds < 60 ? std::string(buf) : buf + (" (" + short_duration(r.seconds) + ")"));

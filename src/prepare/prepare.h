@@ -5,6 +5,19 @@
 // demo codec) into latent mean and std, paired with its text embedding (a caption encoder, or
 // the precomputed file the manifest names), and written to the cache (latent_cache.h).
 //
+// Many clips per video (data.clip_seconds > 0, optionally data.split_scenes): each entry is
+// decoded once, as a stream (decode_video_streaming), and cut into windows of clip_seconds
+// (clips.h) that cross no scene cut (scene_cuts.h); each window is bucketed, encoded and cached
+// under its own key, cache_key(path, window start, window end), with the source and the window
+// in the index's meta, as soon as the decode has passed its end, so memory holds about one clip of
+// frames whatever the video's length. A video whose clips are all in finished shards is skipped
+// without decoding on a rerun: clips/w{W}.jsonl records each finished video's clip keys (under a
+// key of its path, manifest window and the clip settings); a video with some clips missing is
+// decoded again and only the missing clips are encoded. A clip that fits no bucket is a reject
+// naming the video and the window; a video that gives no clip at all (every scene shorter than
+// clip_seconds) is a reject of category "clips"; a video whose scene detector gave up (a cut on
+// nearly every frame: strobe, flicker) is a counted warning, and the rest of it is one scene.
+//
 // Nothing stops the run but a broken cache directory: every input that cannot be used (missing
 // or unreadable file, no video stream, unsupported codec, too short or too small for every
 // bucket, a bad text embedding, a bad manifest line) is appended to rejects/w{W}.jsonl with its
@@ -44,6 +57,10 @@ struct PrepareReport {
   double source_seconds = 0;   // duration of the video that went into the cache
   std::map<std::string, int64_t> per_bucket;   // samples written per bucket name
   std::map<std::string, int64_t> rejected_by;  // rejects per category (they sum to `rejected`)
+  // Cutting clips (data.clip_seconds > 0): videos that gave at least one clip (written or already
+  // cached), and warnings per kind ("scenes": the cut detector gave up on a video).
+  int64_t videos_cut = 0;
+  std::map<std::string, int64_t> warned_by;
 };
 
 // `captions` may be empty when data.text_encoder = "precomputed". `progress`: where and how to

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <limits>
@@ -164,6 +165,11 @@ class RgbWriter {
   RgbWriter(const std::string& path, int64_t max_frames) : path_(path), max_frames_(max_frames) {}
 
   int64_t count() const { return n_; }
+  int64_t height() const { return height_; }
+  int64_t width() const { return width_; }
+  // Streaming (a writer of one slot): the frame just added, then make room again.
+  at::Tensor first() const { return frames_[0]; }
+  void rewind() { n_ = 0; }
 
   // Appends `copies` (>= 1) slots showing `f`, converted once. The first frame fixes the output
   // size: its height, and `width` (its own width unless square-pixel stretching asks otherwise).
@@ -172,7 +178,7 @@ class RgbWriter {
     VIDIT_CHECK(f->width > 0 && f->height > 0 && f->format >= 0, "video '", path_,
                 "': the decoder returned a frame with no picture (", f->width, "x", f->height,
                 ", format ", f->format, "); the file is probably corrupt");
-    if (n_ == 0) start(f, width, estimate);
+    if (cap_ == 0) start(f, width, estimate);
     if (n_ == cap_) grow(copies);
 
     // One libswscale context per source geometry/format (a mid-stream change gets a new one).
@@ -389,8 +395,15 @@ int64_t frame_duration(const AVFrame* f) { return f->pkt_duration; }
 // One decode_video call: demux, (seek,) decode, pick frames by time, convert to RGB.
 class ClipDecoder {
  public:
-  ClipDecoder(const std::string& path, const DecodeOptions& o, const Backend& backend)
-      : path_(path), o_(o), backend_(backend), out_(path, o.max_frames) {}
+  // With a sink, frames go to it one by one (skipping the first `skip`) instead of into the result.
+  ClipDecoder(const std::string& path, const DecodeOptions& o, const Backend& backend,
+              const FrameSink* sink = nullptr, int64_t skip = 0)
+      : path_(path), o_(o), backend_(backend), out_(path, sink ? 1 : o.max_frames), sink_(sink),
+        skip_(skip) {}
+
+  // Frames handed to the sink, or skipped as already delivered (streaming).
+  int64_t delivered() const { return delivered_; }
+  bool sink_failed() const { return sink_error_ != nullptr; }
 
   DecodedVideo run() {
     src_ = open_source(path_, o_.threads, backend_);
@@ -417,6 +430,7 @@ class ClipDecoder {
       const int64_t stop = last_pts_ + std::max<int64_t>(last_duration_, 0);
       emit_held(picker_->finish(stop));
     }
+    if (sink_error_) std::rethrow_exception(sink_error_);
     return result();
   }
 
@@ -607,7 +621,7 @@ class ClipDecoder {
                   av_error_text(ret));
       holding_ = true;
     }
-    return step.done ? Flow::kDone : Flow::kMore;
+    return step.done || stopped_ ? Flow::kDone : Flow::kMore;
   }
 
   void emit_held(const FramePicker::Run& run) {
@@ -618,8 +632,35 @@ class ClipDecoder {
 
   // Appends `copies` outputs of `f`, the first at `seconds` (clip time), then `step` apart.
   void emit(const AVFrame* f, int64_t copies, double seconds, double step) {
+    if (stopped_) return;
     const AVFrame* host = nvdec_host(f);
-    if (out_.count() == 0) {
+    if (sink_) {
+      set_geometry(host, delivered_ == 0);
+      out_.add(host, 1, out_width_, 1);
+      at::Tensor frame = out_.first();
+      if (int q = clockwise_quarter_turns(src_->st); q != 0) frame = at::rot90(frame, -q, {0, 1}).contiguous();
+      for (int64_t c = 0; c < copies && !stopped_; ++c) {
+        const double t = seconds + c * step;
+        timestamps_.push_back(t);
+        if (delivered_++ < skip_) continue;
+        try {
+          if (!(*sink_)(frame, t)) stopped_ = true;
+        } catch (...) {  // the caller's error, not the decoder's: rethrown by run(), never retried
+          sink_error_ = std::current_exception();
+          stopped_ = true;
+        }
+      }
+      out_.rewind();
+      return;
+    }
+    set_geometry(host, out_.count() == 0);
+    out_.add(host, copies, out_width_, estimate_);
+    for (int64_t c = 0; c < copies; ++c) timestamps_.push_back(seconds + c * step);
+  }
+
+  // The first output frame fixes the pixel aspect ratio and the output width.
+  void set_geometry(const AVFrame* host, bool first) {
+    if (first) {
       const AVRational sar = av_guess_sample_aspect_ratio(src_->fmt.get(), src_->st,
                                                           const_cast<AVFrame*>(host));
       sar_ = sar.num > 0 && sar.den > 0 ? sar : AVRational{1, 1};
@@ -630,8 +671,6 @@ class ClipDecoder {
         sar_ = AVRational{1, 1};
       }
     }
-    out_.add(host, copies, out_width_, estimate_);
-    for (int64_t c = 0; c < copies; ++c) timestamps_.push_back(seconds + c * step);
   }
 
   const AVFrame* nvdec_host(const AVFrame* f) {
@@ -646,20 +685,25 @@ class ClipDecoder {
                 bad_packets_, " bad packet(s)",
                 last_error_ ? ", last error: " + av_error_text(last_error_) : std::string(),
                 "); the file is corrupt or truncated");
-    VIDIT_CHECK(out_.count() > 0, "video file '", path_, "' has no frame in the clip window [",
+    VIDIT_CHECK((sink_ ? delivered_ : out_.count()) > 0, "video file '", path_, "' has no frame in the clip window [",
                 o_.start_seconds, ", ", o_.end_seconds, ") seconds (the file lasts ",
                 fmt->duration != AV_NOPTS_VALUE ? std::to_string(fmt->duration / 1e6) + " s"
                                                 : std::string("an unknown time"),
                 "); choose a window inside the video");
     DecodedVideo v;
-    v.frames = out_.take();
-    if (int q = clockwise_quarter_turns(src_->st); q != 0) {
-      v.frames = at::rot90(v.frames, -q, {1, 2}).contiguous();  // k < 0: clockwise in (H, W)
-      if (q % 2) std::swap(sar_.num, sar_.den);
+    const int q = clockwise_quarter_turns(src_->st);
+    if (!sink_) {
+      v.frames = out_.take();
+      if (q != 0) v.frames = at::rot90(v.frames, -q, {1, 2}).contiguous();  // k < 0: clockwise in (H, W)
+      v.height = v.frames.size(1);
+      v.width = v.frames.size(2);
+    } else {
+      const int64_t h = out_.height(), w = out_.width();
+      v.height = q % 2 ? w : h;
+      v.width = q % 2 ? h : w;
     }
+    if (q % 2) std::swap(sar_.num, sar_.den);
     v.fps = out_rate_.num > 0 ? av_q2d(out_rate_) : stream_fps_;
-    v.height = v.frames.size(1);
-    v.width = v.frames.size(2);
     v.sar_num = sar_.num;
     v.sar_den = sar_.den;
     v.timestamps = std::move(timestamps_);
@@ -675,6 +719,10 @@ class ClipDecoder {
   PacketPtr pkt_;
   FramePtr frame_, held_, host_;
   RgbWriter out_;
+  const FrameSink* sink_ = nullptr;
+  std::exception_ptr sink_error_;
+  int64_t skip_ = 0, delivered_ = 0;
+  bool stopped_ = false;       // the sink asked to stop
   std::vector<double> timestamps_;
   std::optional<FramePicker> picker_;
 
@@ -714,7 +762,10 @@ void check_options(const std::string& path, const DecodeOptions& o) {
 
 bool video_decoding_available() { return true; }
 
-DecodedVideo decode_video(const std::string& path, const DecodeOptions& options) {
+namespace {
+
+// decode_video and decode_video_streaming: `sink` null collects the frames, else hands them on.
+DecodedVideo decode(const std::string& path, const DecodeOptions& options, const FrameSink* sink) {
   check_options(path, options);
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -724,7 +775,7 @@ DecodedVideo decode_video(const std::string& path, const DecodeOptions& options)
               "' is a directory, not a video file");
   quiet_ffmpeg_logs();
 
-  if (options.device == DecodeDevice::kCpu) return ClipDecoder(path, options, {}).run();
+  if (options.device == DecodeDevice::kCpu) return ClipDecoder(path, options, {}, sink).run();
 
   std::string why;
   const int gpu = nvdec::resolve_device_index(options.cuda_device);
@@ -732,25 +783,54 @@ DecodedVideo decode_video(const std::string& path, const DecodeOptions& options)
   if (options.device == DecodeDevice::kNvdec) {
     VIDIT_CHECK(cuda, "cannot decode video file '", path, "' with device=nvdec: ", why,
                 "; use device=auto (falls back to software) or cpu");
-    return ClipDecoder(path, options, {cuda, true}).run();
+    return ClipDecoder(path, options, {cuda, true}, sink).run();
   }
   if (!cuda) {
     nvdec::log_software_fallback(why);
-    return ClipDecoder(path, options, {}).run();
+    return ClipDecoder(path, options, {}, sink).run();
   }
   // auto with a GPU: NVDEC where it has a decoder for the codec. A stream it starts on and then
   // cannot finish (an unsupported profile the native AV1 decoder has no software path for, a
-  // driver error) is decoded again in software.
+  // driver error) is decoded again in software; the frames a sink already has are skipped (the
+  // same times, so the same frames).
   bool on_gpu = false;
+  ClipDecoder d(path, options, {cuda, false}, sink);
   try {
-    ClipDecoder d(path, options, {cuda, false});
     d.report_gpu_to(&on_gpu);
     return d.run();
   } catch (const Error& e) {
-    if (!on_gpu) throw;
+    if (!on_gpu || d.sink_failed()) throw;
     nvdec::log_software_fallback(std::string("NVDEC failed on '") + path + "': " + e.what());
-    return ClipDecoder(path, options, {}).run();
+    return ClipDecoder(path, options, {}, sink, d.delivered()).run();
   }
+}
+
+}  // namespace
+
+DecodedVideo decode_video(const std::string& path, const DecodeOptions& options) {
+  return decode(path, options, nullptr);
+}
+
+DecodedVideo decode_video_streaming(const std::string& path, const DecodeOptions& options, const FrameSink& sink) {
+  VIDIT_CHECK(sink, "decode_video_streaming('", path, "'): no frame sink given");
+  return decode(path, options, &sink);
+}
+
+double probe_video_seconds(const std::string& path) {
+  std::error_code ec;
+  VIDIT_CHECK(std::filesystem::exists(path, ec), "video file '", path,
+              "' does not exist (check the path and the working directory)");
+  quiet_ffmpeg_logs();
+  std::unique_ptr<Source> src = open_source(path, 1, {});
+  const AVFormatContext* fmt = src->fmt.get();
+  const AVStream* st = src->st;
+  const double file_start = fmt->start_time != AV_NOPTS_VALUE ? fmt->start_time / 1e6 : 0;
+  if (st->duration != AV_NOPTS_VALUE && st->duration > 0) {
+    const double stream_start = st->start_time != AV_NOPTS_VALUE ? st->start_time * av_q2d(st->time_base) : file_start;
+    return stream_start - file_start + st->duration * av_q2d(st->time_base);
+  }
+  if (fmt->duration != AV_NOPTS_VALUE && fmt->duration > 0) return fmt->duration / 1e6;
+  return 0;
 }
 
 DecodedVideo decode_video(const std::string& path, int64_t max_frames, int threads) {

@@ -34,6 +34,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,24 @@ bool video_decoding_available();
 // corrupt data that yields no frame, no frame inside the window, bad options, device=nvdec where
 // NVDEC is unavailable or refuses the stream.
 DecodedVideo decode_video(const std::string& path, const DecodeOptions& options);
+
+// One output frame of decode_video_streaming: [H, W, 3] uint8 RGB in display orientation, valid
+// only during the call (clone it to keep it), and its time in seconds (as DecodedVideo::timestamps).
+// Return false to stop decoding.
+using FrameSink = std::function<bool(const at::Tensor& frame, double seconds)>;
+
+// decode_video that hands each output frame to `sink` as soon as it is ready instead of keeping
+// them all, so that a long video costs the memory of one frame (plus what the sink keeps): the
+// same frames, in order, with the same options and errors. The result has `frames` undefined and
+// everything else filled in (timestamps of the frames delivered). With device=auto, a stream that
+// NVDEC starts and cannot finish is decoded again in software, and the frames already delivered
+// are not delivered twice. Exceptions from `sink` propagate.
+DecodedVideo decode_video_streaming(const std::string& path, const DecodeOptions& options, const FrameSink& sink);
+
+// The video stream's length in seconds from the start of the file, as its container says (the
+// stream's duration, else the file's), or 0 when it does not say. Opens the file but decodes
+// nothing beyond what probing needs. Throws vidit::Error naming the file as decode_video does.
+double probe_video_seconds(const std::string& path);
 
 // The first max_frames (-1: all; otherwise > 0) frames in software with `threads` decoder threads
 // (0 = one per core): decode_video(path, {.max_frames, .threads, .device = kCpu}).

@@ -16,6 +16,15 @@ DecodedVideo decode_video(const std::string& path, const DecodeOptions& /*option
        "(rerun cmake, optionally with -DVIDIT_FFMPEG=ON to make their absence an error)");
 }
 
+DecodedVideo decode_video_streaming(const std::string& path, const DecodeOptions& options, const FrameSink&) {
+  return decode_video(path, options);
+}
+
+double probe_video_seconds(const std::string& path) {
+  decode_video(path, DecodeOptions{});  // throws: no FFmpeg in this build
+  return 0;
+}
+
 DecodedVideo decode_video(const std::string& path, int64_t /*max_frames*/, int /*threads*/) {
   return decode_video(path, DecodeOptions{});
 }

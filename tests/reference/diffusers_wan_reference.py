@@ -14,10 +14,14 @@
                               the same with the timestep sinusoid computed in float64 (as official
                               Wan and vidit do; diffusers computes it in float32), to show what the
                               remaining difference comes from.
-    diffusers_wan_reference.py forward MODEL_DIR IN OUT
+    diffusers_wan_reference.py forward MODEL_DIR IN OUT [LORA]
         WanTransformer3DModel.from_pretrained(MODEL_DIR) (every key must load: no missing,
         unexpected or mis-shaped ones), its forward on IN's x, t, text (used as given), written to
-        OUT as {"out": ...}.
+        OUT as {"out": ...}. With LORA (a .safetensors adapter file), the adapters are first read by
+        diffusers' own WanLoraLoaderMixin.lora_state_dict, the reader behind
+        WanPipeline.load_lora_weights (its key conversion and alpha / rank scaling), and fused into
+        the weights as fuse_lora does: W += B @ A for every transformer.<module>.lora_A / lora_B
+        pair. Every pair must name a Linear of the model (exit 1 otherwise).
 
 Exit status: 0 done, 1 the model folder did not load cleanly, 2 bad usage, 3 diffusers missing.
 """
@@ -93,12 +97,32 @@ def make(out):
     print(f"made {out}: out {tuple(y.shape)}, max |out| {y.abs().max().item():.4g}, sharded files {shards}")
 
 
-def forward_cmd(model_dir, inp, outp):
+def fuse_lora(model, lora_file):
+    from diffusers.loaders.lora_pipeline import WanLoraLoaderMixin
+    sd = WanLoraLoaderMixin.lora_state_dict(lora_file)
+    downs = [k for k in sd if k.endswith(".lora_A.weight")]
+    if not downs or len(downs) * 2 != len(sd):
+        die(f"{lora_file}: diffusers read {len(sd)} tensors, {len(downs)} of them lora_A: {sorted(sd)[:6]}", 1)
+    with torch.no_grad():
+        for k in downs:
+            name = k[len("transformer."):-len(".lora_A.weight")]
+            try:
+                linear = model.get_submodule(name)
+            except AttributeError:
+                die(f"{lora_file}: diffusers names the module {name}, which the model lacks", 1)
+            up = sd[k.replace(".lora_A.", ".lora_B.")]
+            linear.weight += up.float() @ sd[k].float()
+    print(f"fused {len(downs)} LoRA adapters from {lora_file} (diffusers' lora_state_dict)")
+
+
+def forward_cmd(model_dir, inp, outp, lora=None):
     model, info = WanTransformer3DModel.from_pretrained(model_dir, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     if bad:
         die(f"{model_dir} did not load cleanly: {bad}", 1)
     model = model.float().eval()
+    if lora:
+        fuse_lora(model, lora)
     io = load_file(inp)
     y = forward(model, io["x"].float(), io["t"].float(), io["text"].float())
     save_file({"out": y}, outp)
@@ -108,7 +132,7 @@ def forward_cmd(model_dir, inp, outp):
 def main(argv):
     if len(argv) == 2 and argv[0] == "make":
         make(argv[1])
-    elif len(argv) == 4 and argv[0] == "forward":
+    elif len(argv) in (4, 5) and argv[0] == "forward":
         forward_cmd(*argv[1:])
     else:
         die(__doc__, 2)

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <tuple>
 
 #include "core/error.h"
@@ -69,9 +70,30 @@ Prompts demo_prompts(const Config& cfg, bool held) {
   return p;
 }
 
+// The first sample of each prompt as a TensorBoard image: its frames side by side, 4x upscaled,
+// under samples/<caption>, and the adherence of the whole set as a scalar.
+void add_samples_to_tensorboard(TensorBoardWriter& tb, int64_t step, const std::vector<std::string>& captions,
+                                const std::vector<at::Tensor>& clips, int correct) {
+  std::set<std::string> done;
+  for (size_t i = 0; i < clips.size(); ++i) {
+    if (!done.insert(captions[i]).second) continue;
+    const at::Tensor& c = clips[i];  // [T, H, W, 3] uint8
+    at::Tensor strip = c.permute({1, 0, 2, 3}).reshape({c.size(1), c.size(0) * c.size(2), 3});
+    strip = strip.repeat_interleave(4, 0).repeat_interleave(4, 1).contiguous();
+    std::string tag = captions[i];
+    std::replace(tag.begin(), tag.end(), ' ', '_');
+    tb.add_image("samples/" + tag, step, encode_png(strip.data_ptr<uint8_t>(), int(strip.size(0)), int(strip.size(1)), 3),
+                 int(strip.size(0)), int(strip.size(1)), 3);
+  }
+  tb.add_scalar("demo/held_out_adherence", step, clips.empty() ? 0.0 : double(correct) / double(clips.size()));
+  tb.flush();
+}
+
 // Samples every prompt of the set and counts the clips that adhere. With `samples_dir`, writes
-// each clip as MP4 there and prints one line per clip.
-std::pair<int, int> check_prompts(DiT& model, const Config& cfg, bool held, const std::string& samples_dir) {
+// each clip as MP4 there and prints one line per clip. With `tb` (held-out prompts), adds the
+// samples to TensorBoard at `step`.
+std::pair<int, int> check_prompts(DiT& model, const Config& cfg, bool held, const std::string& samples_dir,
+                                  TensorBoardWriter* tb = nullptr, int64_t step = 0) {
   const Prompts p = demo_prompts(cfg, held);
   auto clips = sample_captions(model, cfg, p.captions, cfg.sample.seed);
   if (!samples_dir.empty()) std::filesystem::create_directories(samples_dir);
@@ -87,6 +109,7 @@ std::pair<int, int> check_prompts(DiT& model, const Config& cfg, bool held, cons
     encode_video_mp4(path, clips[i], 8.0, 10, /*upscale=*/4);
     std::printf("[demo]     %-28s -> %-44s %s\n", p.captions[i].c_str(), a.describe().c_str(), ok ? "ok" : "MISS");
   }
+  if (tb) add_samples_to_tensorboard(*tb, step, p.captions, clips, correct);
   return {correct, int(clips.size())};
 }
 
@@ -137,7 +160,7 @@ DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> 
     const auto t0 = std::chrono::steady_clock::now();
     DiT model = sampling_model(trainer, cfg);
     if (!lead) return;
-    auto [ok, n] = check_prompts(model, cfg, true, "");
+    auto [ok, n] = check_prompts(model, cfg, true, "", trainer.tensorboard(), r.step);
     eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("[demo]     step %lld: held-out adherence %d/%d = %.1f%%\n", (long long)r.step, ok, n, 100.0 * ok / n);
     std::fflush(stdout);
@@ -159,7 +182,8 @@ DemoReport run_demo(const Config& cfg, bool resume, std::shared_ptr<const Mesh> 
   std::printf("[demo] 4/4 sampling %lld clips for prompts held out of training (%lld Euler steps, cfg %.1f)\n",
               (long long)(demo_prompts(cfg, true).captions.size()), (long long)cfg.sample.steps, cfg.sample.cfg_scale);
   std::fflush(stdout);
-  std::tie(report.correct, report.total) = check_prompts(model, cfg, true, out + "/samples");
+  std::tie(report.correct, report.total) =
+      check_prompts(model, cfg, true, out + "/samples", trainer.tensorboard(), trainer.steps_done());
   // The mirrored pairs seen in training, for comparison: a gap between the two is a failure to
   // generalise, not to fit.
   auto [seen_ok, seen_n] = check_prompts(model, cfg, false, "");

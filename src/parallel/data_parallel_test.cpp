@@ -5,6 +5,7 @@
 #include "parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <regex>
@@ -15,6 +16,10 @@
 #include "video/video_decoder.h"
 #include "parallel/mpi_test_util.h"
 #include "train/trainer.h"
+
+#ifndef VIDIT_PYTHON
+#define VIDIT_PYTHON "python3"
+#endif
 
 namespace vidit {
 namespace {
@@ -205,6 +210,29 @@ TEST(Mpi, DemoRunsWithTwoProcesses) {
   EXPECT_EQ(run.output.find("error"), std::string::npos) << run.output;
   EXPECT_TRUE(std::filesystem::exists(out / "samples"));
   EXPECT_TRUE(std::filesystem::exists(out / "rank1/cache"));
+  // Rank 0's TensorBoard files, read by TensorBoard's own reader: each held-out prompt's sample as
+  // an image at every check, the adherence, and the loss of each bucket.
+  auto tb = test::run_process(std::string(VIDIT_PYTHON) + " " + VIDIT_SOURCE_DIR + "/tests/reference/tensorboard_reader.py " +
+                              (out / "tb") + " 2>&1");
+  if (tb.status == 3) GTEST_SKIP() << tb.output;
+  ASSERT_EQ(tb.status, 0) << tb.output;
+  const nlohmann::json j = nlohmann::json::parse(tb.output);
+  int images = 0;
+  for (const auto& [tag, rows] : j["images"].items()) {
+    if (tag.rfind("samples/", 0) != 0) continue;
+    ++images;
+    ASSERT_EQ(rows.size(), 2u) << tag;  // steps 2 and 4
+    EXPECT_EQ(rows[0]["step"].get<int64_t>(), 2) << tag;
+    EXPECT_EQ(rows[1]["step"].get<int64_t>(), 4) << tag;
+    EXPECT_EQ(rows[0]["height"].get<int>(), 16 * 4) << tag;  // a 16-pixel frame, 4x
+    EXPECT_EQ(rows[0]["width"].get<int>(), 6 * 16 * 4) << tag;  // 6 frames side by side
+  }
+  EXPECT_EQ(images, 8);  // 4 held-out (colour, direction) pairs x 2 shapes
+  EXPECT_EQ(j["scalars"]["demo/held_out_adherence"].size(), 2u);
+  int buckets = 0;
+  for (const auto& [tag, rows] : j["scalars"].items()) buckets += tag.rfind("train/loss_by_bucket/", 0) == 0;
+  EXPECT_GE(buckets, 1) << j["scalars"].dump().substr(0, 400);
+  EXPECT_TRUE(j["scalars"].contains("memory/host_heap_gib"));
 }
 
 }  // namespace

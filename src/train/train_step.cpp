@@ -39,6 +39,7 @@ StepResult Trainer::step() {
   double loss_sum = 0, flops = 0, data_wait = 0;
   int64_t samples = 0, tokens = 0;
   StepSamples mine;  // each real sample's own loss, sigma and identity (spike detection)
+  std::map<std::string, std::pair<double, int64_t>> bucket_losses;
   std::vector<Replay> replay;  // the micro-batches' inputs, for a re-run of a spike
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     // Data: clean latents x0 and text embeddings for this micro-batch. Every data-parallel rank
@@ -100,6 +101,7 @@ StepResult Trainer::step() {
                                                                 .view({-1, 1, 1, 1, 1});
     }
     at::Tensor loss = flow_loss(pred, fs.target);
+    const at::Tensor sample_mean = loss.detach();  // the batch's mean loss, read after backward
     if (tc.spike_action != SpikeAction::off) {
       const std::vector<double> own = sample_losses(pred, fs.target, B);
       const at::Tensor sig = sigma.to(at::kDouble).cpu().contiguous();
@@ -126,6 +128,11 @@ StepResult Trainer::step() {
       pm_->after_backward(last);
     }
     loss_sum += loss.item<double>();
+    if (B > 0) {
+      auto& b = bucket_losses[std::to_string(x0.size(2)) + "x" + std::to_string(x0.size(3)) + "x" +
+                              std::to_string(x0.size(4))];
+      b.first += sample_mean.item<double>() * double(B), b.second += B;
+    }
   }
   // Logged numbers are global: mean loss; samples, tokens and FLOPs summed over the ranks. Over
   // "dp" only: the members of an sp or tensor group computed the same loss on the same samples.
@@ -169,7 +176,7 @@ StepResult Trainer::step() {
   const double wait = mesh_->comm_times().wait_s() - wait0;
   if (gpu_start) device_busy = std::max(0.0, device_busy - mesh_->take_gpu_stall_s());
   return {step_, samples, tokens, flops, loss_sum, grad_norm, lr, secs, wait, data_wait, skipped, spike.spike,
-          spike.loss_z, response.rollback, device_busy, std::move(mine.loss)};
+          spike.loss_z, response.rollback, device_busy, std::move(mine.loss), std::move(bucket_losses)};
 }
 
 }  // namespace vidit

@@ -15,6 +15,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/gpu_events.h"
 #include "core/peak_flops.h"
@@ -637,6 +638,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     open_tensorboard(false);
   }
   std::vector<double> losses;
+  std::map<std::string, std::pair<double, int64_t>> bucket_losses;  // since the last log line
   // Heartbeats for the watchdog's report of a hang: which ranks did not arrive.
   {
     std::shared_ptr<const Mesh> mesh = mesh_;
@@ -696,6 +698,10 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (tb_) open_tensorboard(/*after_rollback=*/true);
       continue;
     }
+    for (const auto& [bucket, sum] : r.bucket_losses) {
+      auto& b = bucket_losses[bucket];
+      b.first += sum.first, b.second += sum.second;
+    }
     if (r.step % cfg_.train.log_every == 0 || r.step == until) {
       StepMetrics m;
       m.step = r.step, m.total_steps = total, m.loss = r.loss, m.grad_norm = r.grad_norm, m.lr = r.lr;
@@ -709,7 +715,17 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       if (tb_) {
         tb_->add_step_metrics(m);
         tb_->add_histogram("train/sample_loss", r.step, r.sample_losses);
+        // Rank 0's micro-batches since the last log line, by bucket; the memory its tensors hold.
+        for (const auto& [bucket, sum] : bucket_losses)
+          tb_->add_scalar("train/loss_by_bucket/" + bucket, r.step, sum.first / double(sum.second));
+        tb_->add_scalar("memory/host_heap_gib", r.step, double(host_heap_bytes()) / double(1ll << 30));
+        if (device_.is_cuda()) {
+          const int gpu = std::max<int>(0, device_.index());
+          tb_->add_scalar("memory/device_peak_gib", r.step, double(cuda_peak_allocated_bytes(gpu)) / double(1ll << 30));
+          cuda_reset_peak_memory(gpu);
+        }
       }
+      bucket_losses.clear();
     }
     if (tb_ && (r.skipped || r.spike)) {
       tb_->add_scalar("health/skipped_update", r.step, r.skipped ? 1 : 0);

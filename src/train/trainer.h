@@ -18,6 +18,7 @@
 #pragma once
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <memory>
 #include <vector>
@@ -65,6 +66,9 @@ struct StepResult {
   // by. -1 on the CPU, where the host's step time less its blocked time is that figure.
   double device_busy_s = -1;
   std::vector<double> sample_losses;  // this rank's samples' own losses (with spike detection on)
+  // This rank's micro-batches by latent shape ("FxHxW", the bucket): their samples' summed loss
+  // and count (TensorBoard's train/loss_by_bucket/*).
+  std::map<std::string, std::pair<double, int64_t>> bucket_losses;
 };
 
 class Trainer {
@@ -105,6 +109,9 @@ class Trainer {
   // oldest when a third comes).
   void start_save();
   std::string finish_save();
+  // Rank 0's TensorBoard writer (train.tensorboard), for what callers add (the demo's samples);
+  // null on the other ranks and when off.
+  TensorBoardWriter* tensorboard() { return tb_.get(); }
   // Rank 0 of the mesh: the one that reports.
   bool is_lead() const { return mesh_->rank() == 0; }
 

@@ -54,6 +54,12 @@ TEST(TrainerTensorBoard, EveryStepOnceAcrossAKillAndRestart) {
   EXPECT_TRUE(tb["scalars"].contains("perf/tokens_per_s"));
   EXPECT_TRUE(tb["scalars"].contains("checkpoint/write_s"));
   EXPECT_TRUE(tb["histograms"].contains("train/sample_loss"));
+  // One bucket (2x4x4 latents): its loss is the step's, logged every step here.
+  ASSERT_TRUE(tb["scalars"].contains("train/loss_by_bucket/2x4x4")) << tb["scalars"].dump().substr(0, 300);
+  for (const auto& p : tb["scalars"]["train/loss_by_bucket/2x4x4"])
+    EXPECT_NEAR(p[1].get<double>(), jsonl[p[0].get<int64_t>()], 1e-5 * jsonl[p[0].get<int64_t>()]) << p.dump();
+  ASSERT_TRUE(tb["scalars"].contains("memory/host_heap_gib"));
+  EXPECT_GT(tb["scalars"]["memory/host_heap_gib"][0][1].get<double>(), 0);
   ASSERT_TRUE(tb["texts"].contains("config"));
   EXPECT_NE(tb["texts"]["config"][0][1].get<std::string>().find("[model]"), std::string::npos);
   int files = 0;

@@ -1,6 +1,7 @@
 #include "loader/bucket_sampler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <queue>
 #include <random>
 
@@ -22,32 +23,83 @@ uint64_t mix(uint64_t seed, int64_t epoch, int64_t salt) {
   return x ^ (x >> 31);
 }
 
+// Samples of cost `cost` that fit in `budget`, at least one. The ratio is nudged up by 1e-9 so a
+// budget that is exactly k samples' cost, computed in floating point, gives k and not k - 1.
+int64_t fitting(double budget, double cost) {
+  return std::max<int64_t>(1, int64_t(std::floor(budget / cost * (1 + 1e-9))));
+}
+
+// Mean cost of a full batch (buckets weighted by their batches per epoch) over the costliest.
+double efficiency(const std::vector<double>& cost, const std::vector<int64_t>& samples, double budget) {
+  double weighted = 0, weights = 0, costliest = 0;
+  for (size_t b = 0; b < cost.size(); ++b) {
+    if (samples[b] == 0) continue;
+    const int64_t n = fitting(budget, cost[b]);
+    const double batches = std::ceil(double(samples[b]) / double(n)), full = double(n) * cost[b];
+    weighted += batches * full, weights += batches, costliest = std::max(costliest, full);
+  }
+  return costliest > 0 ? weighted / weights / costliest : 1.0;
+}
+
 }  // namespace
 
-BucketBatchSampler::BucketBatchSampler(std::vector<int> bucket_of, std::vector<int64_t> tokens_of_bucket,
-                                       int64_t token_budget, uint64_t seed, int rank, int world)
-    : bucket_of_(std::move(bucket_of)), tokens_(std::move(tokens_of_bucket)), budget_(token_budget),
-      rank_(rank), world_(world) {
+BalancedBudget balanced_budget(const std::vector<double>& cost, const std::vector<int64_t>& samples, double budget) {
+  VIDIT_CHECK(cost.size() == samples.size(), "balanced budget: ", cost.size(), " bucket costs but ", samples.size(),
+              " bucket sizes");
+  VIDIT_CHECK(budget > 0 && std::isfinite(budget), "balanced budget: the budget must be positive (got ", budget, ")");
+  for (size_t b = 0; b < cost.size(); ++b)
+    VIDIT_CHECK(cost[b] > 0 && std::isfinite(cost[b]), "balanced budget: bucket ", b, " costs ", cost[b],
+                " per sample; a cost must be positive");
+  std::vector<double> candidates{budget};
+  const double most = budget * (1 + kBudgetSlack);
+  for (size_t b = 0; b < cost.size(); ++b) {
+    if (samples[b] == 0 || fitting(budget, cost[b]) > 64) continue;
+    for (int64_t k = fitting(most, cost[b]); k >= 1 && double(k) * cost[b] >= budget / 2; --k)
+      if (double(k) * cost[b] <= most) candidates.push_back(double(k) * cost[b]);
+  }
+  BalancedBudget out;
+  out.efficiency_unbalanced = efficiency(cost, samples, budget);
+  double best = 0;
+  for (double t : candidates) best = std::max(best, efficiency(cost, samples, t));
+  // Among those within 0.002 of the best (equal but for rounding), the nearest to the budget asked for
+  // (the larger on a tie).
+  double distance = 1e300;
+  for (double t : candidates) {
+    const double e = efficiency(cost, samples, t), d = std::abs(std::log(t / budget));
+    if (e >= best - 0.002 && (d < distance || (d == distance && t > out.budget)))
+      out.budget = t, out.efficiency = e, distance = d;
+  }
+  return out;
+}
+
+BucketBatchSampler::BucketBatchSampler(std::vector<int> bucket_of, std::vector<double> cost_of_bucket, double budget,
+                                       uint64_t seed, int rank, int world)
+    : bucket_of_(std::move(bucket_of)), cost_(std::move(cost_of_bucket)), budget_(budget), rank_(rank),
+      world_(world) {
   VIDIT_CHECK(!bucket_of_.empty(), "bucket sampler: the dataset is empty");
   VIDIT_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "bucket sampler: rank ", rank_, " outside world ", world_);
-  VIDIT_CHECK(budget_ > 0, "bucket sampler: the token budget must be positive (got ", budget_, ")");
+  VIDIT_CHECK(budget_ > 0 && std::isfinite(budget_), "bucket sampler: the batch budget must be positive (got ",
+              budget_, "); check data.token_budget");
   for (size_t i = 0; i < bucket_of_.size(); ++i)
-    VIDIT_CHECK(bucket_of_[i] >= 0 && size_t(bucket_of_[i]) < tokens_.size(), "bucket sampler: sample ", i,
-                " has bucket ", bucket_of_[i], " but there are ", tokens_.size(), " buckets");
-  for (size_t b = 0; b < tokens_.size(); ++b)
-    VIDIT_CHECK(tokens_[b] > 0, "bucket sampler: bucket ", b, " has ", tokens_[b], " tokens per sample");
+    VIDIT_CHECK(bucket_of_[i] >= 0 && size_t(bucket_of_[i]) < cost_.size(), "bucket sampler: sample ", i,
+                " has bucket ", bucket_of_[i], " but there are ", cost_.size(), " buckets");
+  for (size_t b = 0; b < cost_.size(); ++b)
+    VIDIT_CHECK(cost_[b] > 0 && std::isfinite(cost_[b]), "bucket sampler: bucket ", b, " costs ", cost_[b],
+                " per sample; a cost must be positive");
   state_.seed = seed;
   build_plan();
 }
 
+int64_t BucketBatchSampler::batch_size_of_bucket(int b) const { return fitting(budget_, cost_.at(size_t(b))); }
+
 std::vector<std::vector<int64_t>> BucketBatchSampler::epoch_batches(int64_t epoch) const {
-  std::vector<std::vector<int64_t>> members(tokens_.size());
+  std::vector<std::vector<int64_t>> members(cost_.size());
   for (size_t i = 0; i < bucket_of_.size(); ++i) members[size_t(bucket_of_[i])].push_back(int64_t(i));
   std::vector<std::vector<int64_t>> batches;
   for (size_t b = 0; b < members.size(); ++b) {
     std::mt19937_64 rng(mix(state_.seed, epoch, int64_t(b) + 1));
     shuffle(members[b], rng);
-    const size_t per = size_t(std::max<int64_t>(1, budget_ / tokens_[b]));
+    const size_t per = size_t(fitting(budget_, cost_[b]));
     for (size_t i = 0; i < members[b].size(); i += per)
       batches.emplace_back(members[b].begin() + long(i), members[b].begin() + long(std::min(i + per, members[b].size())));
   }
@@ -70,10 +122,10 @@ void BucketBatchSampler::build_plan() {
   // Cut the costliest batches into contiguous pieces until the count is a multiple of world.
   const size_t need = (size_t(world_) - rest.size() % size_t(world_)) % size_t(world_);
   std::vector<size_t> pieces(rest.size(), 1);
-  using Item = std::pair<double, size_t>;  // (tokens per piece, batch)
+  using Item = std::pair<double, size_t>;  // (cost per piece, batch)
   std::priority_queue<Item> heap;
   for (size_t i = 0; i < rest.size(); ++i)
-    if (rest[i].size() > 1) heap.emplace(double(rest[i].size() * size_t(tokens_[size_t(bucket_of_[size_t(rest[i][0])])])), i);
+    if (rest[i].size() > 1) heap.emplace(double(rest[i].size()) * cost_[size_t(bucket_of_[size_t(rest[i][0])])], i);
   size_t added = 0;
   while (added < need && !heap.empty()) {
     auto [cost, i] = heap.top();

@@ -6,7 +6,8 @@
 
 namespace vidit {
 
-CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank, int world, bool pin)
+CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank, int world, bool pin,
+                         std::optional<CostModel> costs)
     : cache_(std::move(cache)), cfg_(cfg), pin_(pin) {
   const auto& m = cfg_.model;
   std::map<std::string, int> bucket_index;
@@ -29,12 +30,46 @@ CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config&
     bucket_of.push_back(it->second);
   }
   budget_ = cfg_.data.token_budget > 0 ? cfg_.data.token_budget : cfg_.train.batch_size * tokens_per_sample(cfg_);
-  sampler_ = std::make_unique<BucketBatchSampler>(bucket_of, tokens, budget_, cfg_.train.seed, rank, world);
+  std::vector<double> cost(tokens.begin(), tokens.end());
+  double budget = double(budget_);
+  if (cfg_.data.balance == Balance::cost) {
+    // The budget: the predicted cost of budget_ tokens made of samples of the reference shape.
+    const CostModel model = costs ? *costs : cost_model_for(cfg_);
+    cost_unit_ = model.unit;
+    const int64_t ref = tokens_per_sample(cfg_);
+    VIDIT_CHECK(ref > 0, "data.balance = \"cost\": the reference shape data.latent_frames/height/width (",
+                cfg_.data.latent_frames, "x", cfg_.data.latent_height, "x", cfg_.data.latent_width,
+                ") holds no whole model.patch; set it to a bucket's latent shape");
+    std::vector<int64_t> samples(tokens.size(), 0);
+    for (int b : bucket_of) ++samples[size_t(b)];
+    for (size_t b = 0; b < tokens.size(); ++b) cost[b] = model.cost(tokens[b]);
+    balanced_ = balanced_budget(cost, samples, double(budget_) / double(ref) * model.cost(ref));
+    budget = balanced_.budget;
+  }
+  sampler_ = std::make_unique<BucketBatchSampler>(bucket_of, cost, budget, cfg_.train.seed, rank, world);
   handed_ = sampler_->state();
   start();
 }
 
 CacheLoader::~CacheLoader() { stop(); }
+
+std::string CacheLoader::plan() const {
+  std::string s;
+  char buf[512];
+  if (cfg_.data.balance == Balance::cost)
+    std::snprintf(buf, sizeof buf,
+                  "balance cost: batches of %.4g %s predicted (the budget: %lld tokens of %lldx%lldx%lld latents; "
+                  "full batches %.0f%% of the costliest on average, %.0f%% at the full budget);",
+                  balanced_.budget, cost_unit_.c_str(), (long long)budget_, (long long)cfg_.data.latent_frames,
+                  (long long)cfg_.data.latent_height, (long long)cfg_.data.latent_width, 100 * balanced_.efficiency,
+                  100 * balanced_.efficiency_unbalanced);
+  else
+    std::snprintf(buf, sizeof buf, "balance tokens: %lld tokens per batch;", (long long)budget_);
+  s = buf;
+  for (size_t b = 0; b < bucket_names_.size(); ++b)
+    s += " " + bucket_names_[b] + " x" + std::to_string(sampler_->batch_size_of_bucket(int(b)));
+  return s;
+}
 
 void CacheLoader::start() {
   stopping_ = false;

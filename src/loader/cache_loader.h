@@ -8,6 +8,13 @@
 // run draws the same latents). Up to data.prefetch batches are prepared ahead by
 // data.loader_threads threads; next() hands them out in order.
 //
+// With data.balance = "cost" the batches are sized by predicted compute (cost_model.h) instead of
+// tokens, the budget being the cost of data.token_budget tokens of the data.latent_* shape, then
+// lowered by balanced_budget() so buckets' batches come out near-equal (bucket_sampler.h). A batch
+// of short samples then holds more tokens than token_budget (their cost per token is lower):
+// activation memory grows with tokens, so take the shortest bucket as the reference shape when
+// memory is tight.
+//
 // A sample that fails its checksum or cannot be read is skipped (the batch is one smaller) and
 // recorded in skipped() and on stderr; training never stops for it. Samples named by skip()
 // (quarantined) are dropped from the batches as they are handed out. The saved position is that
@@ -18,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +33,7 @@
 #include "core/config.h"
 #include "loader/batch_source.h"
 #include "loader/bucket_sampler.h"
+#include "loader/cost_model.h"
 #include "prepare/buckets.h"
 #include "loader/latent_cache.h"
 
@@ -32,9 +41,10 @@ namespace vidit {
 
 class CacheLoader : public BatchSource {
  public:
-  // `token_budget`: latent tokens (after patchify) per batch; `pin`: pinned host memory.
+  // `pin`: pinned host memory. `costs`: with data.balance = "cost", the cost model that sizes the
+  // batches (e.g. one refitted to measured step times: cost_model.h); default cost_model_for(cfg).
   CacheLoader(std::shared_ptr<const LatentCache> cache, const Config& cfg, int rank = 0, int world = 1,
-              bool pin = false);
+              bool pin = false, std::optional<CostModel> costs = std::nullopt);
   ~CacheLoader() override;
 
   MicroBatch next(int64_t batch_size_hint = 0) override;
@@ -44,6 +54,8 @@ class CacheLoader : public BatchSource {
   const std::vector<std::string>& bucket_names() const { return bucket_names_; }
   std::vector<std::string> skipped() const;
   int64_t token_budget() const { return budget_; }
+  // One line: data.balance, the budget, and each bucket's samples per full batch ("name xN").
+  std::string plan() const;
 
  private:
   struct Job {
@@ -60,6 +72,8 @@ class CacheLoader : public BatchSource {
   Config cfg_;
   bool pin_;
   int64_t budget_ = 0;
+  BalancedBudget balanced_;  // data.balance = "cost" only
+  std::string cost_unit_;  // of the cost model sizing the batches
   std::vector<std::string> bucket_names_;
   std::unique_ptr<BucketBatchSampler> sampler_;
   BucketSamplerState handed_;  // position after the last batch handed out

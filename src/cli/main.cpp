@@ -678,7 +678,7 @@ int main(int argc, char** argv) {
                                               "(transformer, umT5, tokenizer and VAE from it)");
   sample->add_option("--text-encoder", sa.text_encoder, "umT5 weights (default: text.encoder, else from --weights)");
   sample->add_option("--tokenizer", sa.tokenizer, "spiece.model or its folder (default: beside the text encoder)");
-  sample->add_option("--vae", sa.vae, "Wan 2.1 VAE safetensors (default: data.vae_weights, else from --weights)");
+  sample->add_option("--vae", sa.vae, "Wan 2.1 VAE: a .safetensors file (official or diffusers names), a diffusers vae/ folder or pipeline folder (default: data.vae_weights, else from --weights)");
   sample->add_option("-p,--prompt", sa.prompts, "caption to generate (repeatable)")->required();
   sample->add_option("--negative-prompt", sa.negative_prompt, "what guidance steers away from (default: "
                      "sample.negative_prompt; with --weights, Wan's own)")

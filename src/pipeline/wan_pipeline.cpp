@@ -16,6 +16,7 @@
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "text/text_encoder.h"
+#include "vae/vae_layout.h"
 #include "vae/wan_vae.h"
 #include "video/video_decoder.h"
 
@@ -68,13 +69,8 @@ void WanWeights::fill_from(const std::string& root_path) {
     if (transformer.empty()) transformer = root.string();
     if (text_encoder.empty() && fs::is_directory(root / "text_encoder")) text_encoder = (root / "text_encoder").string();
     if (tokenizer.empty() && fs::is_directory(root / "tokenizer")) tokenizer = (root / "tokenizer").string();
-    if (vae.empty()) {
-      const std::string v = first_existing(root / "vae", {"Wan2.1_VAE.safetensors"});
-      VIDIT_CHECK(!v.empty() || !fs::is_directory(root / "vae"), "weights '", root_path, "': the VAE of a diffusers "
-                  "pipeline (vae/, AutoencoderKLWan names) is not read yet; pass the official Wan2.1_VAE weights as "
-                  "safetensors with --vae FILE (or data.vae_weights)");
-      vae = v;
-    }
+    // vae/: diffusers' AutoencoderKLWan (or an official Wan2.1_VAE.safetensors put there).
+    if (vae.empty() && fs::is_directory(root / "vae")) vae = find_vae_files(root.string()).weights;
     return;
   }
   // An official release: the transformer's files at the top, the rest beside them.

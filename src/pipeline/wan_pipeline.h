@@ -15,7 +15,7 @@
 // with transformer/, text_encoder/, tokenizer/, vae/) or an official Wan 2.1 release folder
 // (config.json + diffusion_pytorch_model*.safetensors, the umT5 encoder, google/umt5-xxl/ for the
 // tokenizer, Wan2.1_VAE as safetensors); any part may be named on its own instead (a vidit
-// checkpoint's weights, text.encoder, data.vae_weights).
+// checkpoint's weights, text.encoder, data.vae_weights: a VAE file or folder, vae/vae_layout.h).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -38,7 +38,7 @@ struct WanWeights {
   std::string transformer;   // weights path (model/weight_layout.h: either layout); "" if tensors given
   std::string text_encoder;  // umT5: text_encoder folder, pipeline root or weight file
   std::string tokenizer;     // spiece.model or its folder; "" = beside text_encoder
-  std::string vae;           // Wan 2.1 VAE weights (official names) as safetensors
+  std::string vae;           // Wan 2.1 VAE: .safetensors (either layout) or folder (vae/vae_layout.h)
   // Fills whatever is empty from `root` (a diffusers pipeline or an official release folder; ""
   // = none). Throws vidit::Error naming the part it cannot find and the flag or key that gives it.
   void fill_from(const std::string& root);

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "model/state_dict.h"
 #include "vae/tiling.h"
+#include "vae/vae_layout.h"
 
 namespace vidit {
 
@@ -203,22 +204,23 @@ at::Tensor WanVAEImpl::decode_latents(const at::Tensor& latents, const VaeRunOpt
 }
 
 void load_wan_vae(WanVAEImpl& vae, const TensorMap& tensors, const std::string& source) {
-  // diffusers' AutoencoderKLWan renames everything (quant_conv, down_blocks, ...): say so plainly.
-  for (const char* diffusers_key : {"quant_conv.weight", "post_quant_conv.weight"})
-    VIDIT_CHECK(!tensors.count(diffusers_key), "cannot load VAE weights from '", source, "': key '", diffusers_key,
-                "' shows diffusers' AutoencoderKLWan layout; give the official Wan 2.1 VAE file "
-                "(Wan2.1_VAE.pth keys, e.g. Wan2.1_VAE.safetensors)");
+  if (vae_layout_of(tensors, source) == VaeLayout::diffusers) {  // renamed strictly, in diffusers' names
+    load_state_dict(vae, vae_to_official_names(tensors, vae.cfg, source), source);
+    return;
+  }
   try {
     load_state_dict(vae, tensors, source);
   } catch (const Error& e) {
-    fail(e.what(), "\n  (the Wan 2.1 VAE expects the official keys encoder.*, conv1.*, conv2.*, decoder.* of a config with base_dim ",
-         vae.cfg.base_dim, ", z_dim ", vae.cfg.z_dim, ", ", vae.cfg.dim_mult.size(), " stages, ", vae.cfg.num_res_blocks,
-         " residual blocks per stage)");
+    fail(e.what(), "\n  (the Wan 2.1 VAE expects the official keys encoder.*, conv1.*, conv2.*, decoder.* or diffusers' "
+         "AutoencoderKLWan keys, of a config with base_dim ", vae.cfg.base_dim, ", z_dim ", vae.cfg.z_dim, ", ",
+         vae.cfg.dim_mult.size(), " stages, ", vae.cfg.num_res_blocks, " residual blocks per stage)");
   }
 }
 
-void load_wan_vae(WanVAEImpl& vae, const std::string& safetensors_path) {
-  load_wan_vae(vae, load_safetensors(safetensors_path), safetensors_path);
+void load_wan_vae(WanVAEImpl& vae, const std::string& path) {
+  const VaeFiles files = find_vae_files(path);
+  if (!files.config.empty()) check_vae_config(vae_config_from_diffusers(files.config), vae.cfg, files.config);
+  load_wan_vae(vae, load_safetensors(files.weights), files.weights);
 }
 
 }  // namespace vidit

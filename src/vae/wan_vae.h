@@ -144,11 +144,14 @@ struct WanVAEImpl : torch::nn::Module {
 };
 TORCH_MODULE(WanVAE);
 
-// Copies the tensors of an official Wan 2.1 VAE state dict into `vae` (casting dtype), strictly:
-// throws vidit::Error naming `source` and every missing, unexpected or mis-shaped key; nothing is
-// written unless all match.
+// Copies the tensors of a Wan 2.1 VAE state dict into `vae` (casting dtype), strictly, in either
+// layout (vae/vae_layout.h: official names, or diffusers' AutoencoderKLWan names, judged by the
+// names): throws vidit::Error naming `source` and every missing, unexpected or mis-shaped key; nothing
+// is written unless all match.
 void load_wan_vae(WanVAEImpl& vae, const TensorMap& tensors, const std::string& source);
-// Same, reading a .safetensors file (e.g. Wan2.1_VAE.safetensors, keys as in Wan2.1_VAE.pth).
-void load_wan_vae(WanVAEImpl& vae, const std::string& safetensors_path);
+// Same, reading `path`: a .safetensors file (Wan2.1_VAE.safetensors, keys as in Wan2.1_VAE.pth, or
+// diffusers' names), a diffusers vae/ folder or a diffusers pipeline folder (find_vae_files). A
+// diffusers config.json is first checked against vae.cfg (shapes and latent statistics).
+void load_wan_vae(WanVAEImpl& vae, const std::string& path);
 
 }  // namespace vidit

@@ -20,6 +20,7 @@
 #include "model/state_dict.h"
 #include "pipeline/wan_pipeline.h"
 #include "vae/wan_vae.h"
+#include "vae/vae_test_util.h"
 
 namespace vidit {
 namespace {
@@ -27,29 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 using test::ScratchDir;
 
-// Wan 2.1's structure at a width that runs in milliseconds (the reference script builds the same).
-WanVAEConfig small_config() {
-  WanVAEConfig c;
-  c.base_dim = 8;
-  return c;
-}
-
-WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
-  torch::manual_seed(seed);
-  WanVAE vae(cfg);
-  at::NoGradGuard ng;
-  for (auto& item : vae->named_parameters()) {
-    at::Tensor p = item.value();
-    if (item.key().ends_with("gamma")) {
-      p.normal_(1.0, 0.2);
-    } else if (p.dim() > 1) {
-      p.normal_(0.0, 1.0 / std::sqrt(double(p.numel() / p.size(0))));
-    } else {
-      p.normal_(0.0, 0.1);
-    }
-  }
-  return vae;
-}
+using test::random_vae;
+using test::tiny_vae_config;
 
 std::string message_of(const std::function<void()>& f) {
   try {
@@ -128,7 +108,7 @@ TEST_F(VaeLayoutTest, NamesMapOneToOneAsDiffusersConvertsTheRelease) {
     EXPECT_EQ(to_diffusers.at(official), diffusers) << official;
   }
   // The decoder's regrouping follows num_res_blocks: with 1, a stage is 2 residual blocks + 1 resample.
-  WanVAEConfig one = small_config();
+  WanVAEConfig one = tiny_vae_config();
   one.num_res_blocks = 1;
   std::map<std::string, std::string> m1;
   for (const auto& p : vae_params(one)) m1[p.official] = p.diffusers;
@@ -138,7 +118,7 @@ TEST_F(VaeLayoutTest, NamesMapOneToOneAsDiffusersConvertsTheRelease) {
 }
 
 TEST_F(VaeLayoutTest, EitherLayoutLoadsTheSameWeightsAndBadKeysAreNamed) {
-  const WanVAEConfig cfg = small_config();
+  const WanVAEConfig cfg = tiny_vae_config();
   WanVAE src = random_vae(cfg, 5);
   const TensorMap official = state_dict(*src);
   const TensorMap diffusers = vae_to_diffusers_names(official, cfg, "x");
@@ -185,7 +165,7 @@ void write_config(const std::string& dir, const nlohmann::json& j) { std::ofstre
 
 TEST_F(VaeLayoutTest, FindsTheVaeFromAFileAVaeFolderOrAPipelineFolder) {
   ScratchDir dir("vae_layout_find");
-  const WanVAEConfig cfg = small_config();
+  const WanVAEConfig cfg = tiny_vae_config();
   WanVAE src = random_vae(cfg, 8);
   const std::string pipe = dir / "pipe";
   write_diffusers_vae(state_dict(*src), cfg, pipe + "/vae");
@@ -238,7 +218,7 @@ TEST_F(VaeLayoutTest, FindsTheVaeFromAFileAVaeFolderOrAPipelineFolder) {
 
 TEST_F(VaeLayoutTest, ConfigJsonIsCheckedAgainstTheVaeBuilt) {
   ScratchDir dir("vae_layout_config");
-  const WanVAEConfig cfg = small_config();
+  const WanVAEConfig cfg = tiny_vae_config();
   const std::string vae_dir = dir / "vae";
   write_diffusers_vae(state_dict(*random_vae(cfg, 11)), cfg, vae_dir);
   const std::string config = vae_dir + "/config.json";
@@ -374,7 +354,7 @@ TEST_F(VaeLayoutDiffusers, OurEncodeAndDecodeEqualDiffusersOnItsSavedFolder) {
 }
 
 TEST_F(VaeLayoutDiffusers, WrittenFolderLoadsInDiffusersWithTheSameEncodeAndDecode) {
-  const WanVAEConfig cfg = small_config();
+  const WanVAEConfig cfg = tiny_vae_config();
   WanVAE vae = random_vae(cfg, 14);
   const std::string out = *dir_ / "written";
   write_diffusers_vae(state_dict(*vae), cfg, out);

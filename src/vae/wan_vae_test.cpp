@@ -1,4 +1,5 @@
 #include "vae/wan_vae.h"
+#include "vae/vae_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -12,32 +13,8 @@ namespace {
 
 using test::ScratchDir;
 
-// The Wan 2.1 structure (4 stages, 2 residual blocks, time halved in the last two downsamplings,
-// 16 latent channels) at a width that runs in milliseconds.
-WanVAEConfig tiny_vae_config() {
-  WanVAEConfig c;
-  c.base_dim = 8;
-  return c;
-}
-
-// Random weights everywhere, also where the official init puts zeros (attention proj) or ones
-// (norm gammas), so every path carries signal. Weights ~ N(0, 1/fan_in) keep activations O(1).
-WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
-  torch::manual_seed(seed);
-  WanVAE vae(cfg);
-  at::NoGradGuard ng;
-  for (auto& item : vae->named_parameters()) {
-    at::Tensor p = item.value();
-    if (item.key().ends_with("gamma")) {
-      p.normal_(1.0, 0.2);
-    } else if (p.dim() > 1) {
-      p.normal_(0.0, 1.0 / std::sqrt(double(p.numel() / p.size(0))));
-    } else {
-      p.normal_(0.0, 0.1);
-    }
-  }
-  return vae;
-}
+using test::random_vae;
+using test::tiny_vae_config;
 
 double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());

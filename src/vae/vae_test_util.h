@@ -1,0 +1,37 @@
+// What the VAE tests share: the Wan 2.1 VAE's structure at a width that runs in milliseconds,
+// and random weights that carry signal through every path.
+#pragma once
+#include <cmath>
+
+#include "vae/wan_vae.h"
+
+namespace vidit::test {
+
+// The Wan 2.1 structure (4 stages, 2 residual blocks, time halved in the last two downsamplings,
+// 16 latent channels) at base width 8; tests/reference/diffusers_vae_reference.py builds the same.
+inline WanVAEConfig tiny_vae_config() {
+  WanVAEConfig c;
+  c.base_dim = 8;
+  return c;
+}
+
+// Random weights everywhere, also where the official init puts zeros (attention proj) or ones
+// (norm gammas), so every path carries signal. Weights ~ N(0, 1/fan_in) keep activations O(1).
+inline WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
+  torch::manual_seed(seed);
+  WanVAE vae(cfg);
+  at::NoGradGuard ng;
+  for (auto& item : vae->named_parameters()) {
+    at::Tensor p = item.value();
+    if (item.key().ends_with("gamma")) {
+      p.normal_(1.0, 0.2);
+    } else if (p.dim() > 1) {
+      p.normal_(0.0, 1.0 / std::sqrt(double(p.numel() / p.size(0))));
+    } else {
+      p.normal_(0.0, 0.1);
+    }
+  }
+  return vae;
+}
+
+}  // namespace vidit::test

@@ -3,10 +3,12 @@
 //
 // Writes a latent cache of three buckets (short, middle and long clips; the long one's attention
 // outweighs its projections and MLP), then, for each of data.balance = "tokens", "cost" (the FLOP
-// formula) and "cost" refitted (fit_cost_model) to a first timing of the "tokens" plan's batches,
-// builds one CacheLoader per rank of a --world-rank job, exactly as the ranks of that job would,
+// formula), "cost" refitted (fit_cost_model) to a first timing of the "tokens" plan's batches, and
+// "cost" calibrated at the start as `vidit train` does (train/cost_calibration.h: its own timings
+// of one batch per bucket, out of sample for the epoch timed here), builds one CacheLoader per
+// rank of a --world-rank job, exactly as the ranks of that job would,
 // and takes one epoch of batches (or --steps steps). Each distinct batch shape (bucket, samples)
-// of the three plans is timed through the DiT's forward, the flow-matching loss and backward, in
+// of the four plans is timed through the DiT's forward, the flow-matching loss and backward, in
 // --repeats rounds over all shapes, keeping the fastest: on a shared machine the other processes'
 // load then falls on every shape alike and drops out, which timing each batch once in step order
 // would not do. A rank's time in a step is its batch's time. Per mode it prints the mean over
@@ -30,6 +32,8 @@
 #include "loader/cost_model.h"
 #include "loader/latent_cache.h"
 #include "model/dit.h"
+#include "parallel/comm.h"
+#include "train/cost_calibration.h"
 
 using namespace vidit;
 namespace fs = std::filesystem;
@@ -208,25 +212,31 @@ int main(int argc, char** argv) {
   std::printf("%s", format_cost_checks(formula, compare_cost_model(formula, measured)).c_str());
   std::printf("%s", format_cost_checks(refit, compare_cost_model(refit, measured)).c_str());
   const Plan by_refit = make_plan("cost (refit)", cost_cfg, refit);
-  // Every plan's shapes timed together, in the same rounds: what all three modes are judged by.
-  time_shapes({&by_tokens, &by_cost, &by_refit}, repeats);
-  const std::vector<const Plan*> plans = {&by_tokens, &by_cost, &by_refit};
+  // What a training run does: rank 0 measures one batch per bucket at the start of the run.
+  const CostCalibration calibrated =
+      calibrate_cost_model(cost_cfg, latent_buckets(*cache), at::kCPU, *make_single_comm(), dir + "/run");
+  at::set_num_threads(threads);
+  const Plan by_calibration = make_plan("cost (calibrated)", cost_cfg, calibrated.model);
+  // Every plan's shapes timed together, in the same rounds: what all modes are judged by.
+  time_shapes({&by_tokens, &by_cost, &by_refit, &by_calibration}, repeats);
+  const std::vector<const Plan*> plans = {&by_tokens, &by_cost, &by_refit, &by_calibration};
   std::vector<Result> results;
   for (const Plan* p : plans) results.push_back(evaluate(*p));
 
   std::printf("\n%d ranks, %d intra-op thread(s), fastest of %d rounds per batch shape; imbalance = mean over steps "
               "of max/mean - 1 of the ranks' forward+backward seconds\n", world, threads, repeats);
-  std::printf("%-14s %6s %8s %11s %11s %9s %10s %10s\n", "data.balance", "steps", "samples", "imbalance",
+  std::printf("%-17s %6s %8s %11s %11s %9s %10s %10s\n", "data.balance", "steps", "samples", "imbalance",
               "(predicted)", "busy", "compute s", "samples/s");
   for (size_t i = 0; i < plans.size(); ++i) {
     const Result& r = results[i];
-    std::printf("%-14s %6zu %8lld %10.1f%% %10.1f%% %8.1f%% %10.3f %10.1f\n", plans[i]->mode.c_str(),
+    std::printf("%-17s %6zu %8lld %10.1f%% %10.1f%% %8.1f%% %10.3f %10.1f\n", plans[i]->mode.c_str(),
                 plans[i]->steps.size(), (long long)r.samples, 100 * r.measured, 100 * r.predicted, 100 * r.busy,
                 r.seconds, double(r.samples) / r.seconds);
   }
-  for (const Plan* p : plans) std::printf("  %-12s %s\n", p->mode.c_str(), p->line.c_str());
-  std::printf("{\"tokens\": %.4f, \"cost\": %.4f, \"cost_refit\": %.4f}\n", results[0].measured, results[1].measured,
-              results[2].measured);
+  for (const Plan* p : plans) std::printf("  %-17s %s\n", p->mode.c_str(), p->line.c_str());
+  std::printf("calibration: %.2f s\n", calibrated.seconds);
+  std::printf("{\"tokens\": %.4f, \"cost\": %.4f, \"cost_refit\": %.4f, \"cost_calibrated\": %.4f}\n",
+              results[0].measured, results[1].measured, results[2].measured, results[3].measured);
   if (!keep) fs::remove_all(dir);
   return 0;
 }

@@ -52,6 +52,7 @@
 #include "model/state_dict.h"
 #include "model/lora.h"
 #include "train/checkpoint.h"
+#include "train/cost_calibration.h"
 #include "train/run_weights.h"
 #include "train/trainer.h"
 #include "vae/wan_vae.h"
@@ -204,8 +205,8 @@ int cmd_health(const CommonOpts& o, const std::string& exclude_file, const std::
   return preflight(cfg, *world, device, exclude_file, checks).healthy() ? 0 : kUnhealthyStatus;
 }
 
-// --fresh: what an earlier run left in out_dir (checkpoints, metrics) is moved, not deleted, to
-// <out_dir>/previous-<UTC time>/.
+// --fresh: what an earlier run left in out_dir (checkpoints, metrics, the cost model) is moved, not
+// deleted, to <out_dir>/previous-<UTC time>/.
 void set_aside_previous_run(const std::string& out_dir) {
   namespace fs = std::filesystem;
   char stamp[32];
@@ -213,7 +214,7 @@ void set_aside_previous_run(const std::string& out_dir) {
   std::strftime(stamp, sizeof stamp, "previous-%Y%m%d-%H%M%S", std::gmtime(&now));
   const fs::path aside = fs::path(out_dir) / stamp;
   for (const char* name : {"checkpoints", "metrics.jsonl", "saves.jsonl", "events.jsonl", "tb", "forensics", "quarantine.json",
-                           "heartbeats", "heartbeats.previous"}) {
+                           "heartbeats", "heartbeats.previous", "cost_model.json"}) {
     if (!fs::exists(fs::path(out_dir) / name)) continue;
     fs::create_directories(aside);
     fs::rename(fs::path(out_dir) / name, aside / name);
@@ -267,7 +268,13 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     data = demo::prepare_demo_data(cfg, dir, dp_rank, dp).loader;
   } else if (cfg.data.source == DataSource::cache) {
     auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
-    auto loader = std::make_shared<CacheLoader>(cache, cfg, dp_rank, dp);
+    // data.balance = "cost": batches sized by this run's measured step times, measured by rank 0
+    // once and kept in out_dir/cost_model.json, so a restart builds the same batches
+    // (train/cost_calibration.h). Rank 0 made out_dir above (RunLock).
+    std::optional<CostModel> costs;
+    if (cfg.data.balance == Balance::cost)
+      costs = calibrate_cost_model(cfg, latent_buckets(*cache), device, *mesh->world(), cfg.train.out_dir).model;
+    auto loader = std::make_shared<CacheLoader>(cache, cfg, dp_rank, dp, /*pin=*/false, costs);
     if (lead)
       std::printf("latent cache %s: %lld samples in %zu buckets, %lld tokens per batch\n", cfg.data.cache_dir.c_str(),
                   (long long)cache->size(), loader->bucket_names().size(), (long long)loader->token_budget());

@@ -81,8 +81,8 @@ EncodedCaptions TextEncoder::encode_captions(const std::vector<std::string>& cap
     const int64_t L = tok.lengths[order[start]];
     const at::Tensor ids = tok.ids.index_select(0, idx).narrow(1, 0, L);
     const at::Tensor mask = tok.mask.index_select(0, idx).narrow(1, 0, L);
-    at::Tensor h = encoder_->forward(ids, mask).to(at::kCPU);
-    h.mul_(mask.unsqueeze(-1).to(at::kFloat));  // zeros on padding, as Wan pads its context
+    // Zeros on padding, as Wan pads its context; the padded rows are not computed at all.
+    const at::Tensor h = encoder_->forward(ids, mask, Umt5Encoder::PaddedRows::zeros).to(at::kCPU);
     out.embedding.narrow(1, 0, L).index_copy_(0, idx, h);
   }
   truncated_so_far_ += out.truncated_count();

@@ -1,9 +1,10 @@
 // The caption path of Wan: captions -> umT5 tokenizer -> umT5 encoder -> the DiT's text context.
 // Following Wan, a caption's context is [text_len, d_model]: the encoder's output on its real
 // tokens (EOS included), zeros on the padding positions. Captions are sorted by token count and
-// encoded in batches of `batch_size`, each batch cut to its longest caption (the encoder masks
-// padded keys, so the real tokens' outputs do not depend on how much padding follows), and the
-// results are put back in the order given.
+// encoded in batches of `batch_size`, each batch cut to its longest caption (the encoder ignores
+// padded keys, so the real tokens' outputs do not depend on how much padding follows, and it
+// computes no padded rows: Umt5Encoder::PaddedRows::zeros), and the results are put back in the
+// order given.
 #pragma once
 #include <ATen/ATen.h>
 

@@ -1,6 +1,7 @@
 // The umT5 encoder (see umt5.h): weights in, hidden states out.
 #include "text/umt5.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
@@ -9,9 +10,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -325,17 +326,17 @@ Umt5Encoder::Umt5Encoder(const Umt5Config& cfg, const TensorMap& w, at::ScalarTy
   for (int64_t n = 0; n < cfg_.num_layers; ++n) {
     Block b;
     at::Tensor q = take(specs[i++]), k = take(specs[i++]), v = take(specs[i++]);
-    b.qkv = at::cat({q, k, v}, 0);
-    b.o = take(specs[i++]);
-    b.rel_bias = take(specs[i++]);
+    b.qkv = project(at::cat({q, k, v}, 0));
+    b.o = project(take(specs[i++]));
+    b.rel_bias = take(specs[i++]).t().contiguous();
     b.norm_attn = take(specs[i++]);
     if (cfg_.gated()) {
       at::Tensor w0 = take(specs[i++]), w1 = take(specs[i++]);
-      b.wi = at::cat({w0, w1}, 0);
+      b.wi = project(at::cat({w0, w1}, 0));
     } else {
-      b.wi = take(specs[i++]);
+      b.wi = project(take(specs[i++]));
     }
-    b.wo = take(specs[i++]);
+    b.wo = project(take(specs[i++]));
     b.norm_ff = take(specs[i++]);
     blocks_.push_back(std::move(b));
   }
@@ -384,6 +385,47 @@ Umt5Encoder Umt5Encoder::load(const std::string& path, at::ScalarType dtype, at:
   return Umt5Encoder(cfg, w, dtype, device, where);
 }
 
+namespace {
+
+// oneDNN's linear on weights packed once (the ops TorchInductor's CPU freezing uses; reached
+// through the dispatcher, as ATen has no C++ function for them). nullopt when this LibTorch has no
+// oneDNN.
+std::optional<c10::OperatorHandle> mkldnn_op(const char* name) {
+  if (!at::hasMKLDNN()) return std::nullopt;
+  return c10::Dispatcher::singleton().findSchema({name, ""});
+}
+
+at::Tensor call_boxed(const c10::OperatorHandle& op, torch::jit::Stack stack) {
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+}  // namespace
+
+Umt5Encoder::Projection Umt5Encoder::project(at::Tensor w) const {
+  // Why: on the 2-core AVX-512 AMD EPYC of the dev machines, oneDNN's brgemm on a packed fp32
+  // weight runs umT5's projections at ~0.75x the time of the MKL sgemm at::linear calls (MKL's
+  // own packed sgemm is no faster), with the same fp32 accumulation. bf16 stays on at::linear,
+  // which already multiplies bf16 with oneDNN on the CPU; packing it measured no clear gain.
+  static const std::optional<c10::OperatorHandle> reorder = mkldnn_op("mkldnn::_reorder_linear_weight");
+  static const std::optional<c10::OperatorHandle> linear = mkldnn_op("mkldnn::_linear_pointwise");
+  Projection p;
+  if (device_.is_cpu() && dtype_ == at::kFloat && reorder && linear) {
+    p.weight = call_boxed(*reorder, {w.contiguous(), c10::IValue()});
+    p.packed = true;
+  } else {
+    p.weight = std::move(w);
+  }
+  return p;
+}
+
+at::Tensor Umt5Encoder::Projection::operator()(const at::Tensor& x) const {
+  if (!packed) return at::linear(x, weight);
+  static const c10::OperatorHandle linear = *mkldnn_op("mkldnn::_linear_pointwise");
+  return call_boxed(linear, {x.contiguous(), weight, c10::IValue(), c10::IValue("none"),
+                             c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()});
+}
+
 at::Tensor Umt5Encoder::ffn_act(const at::Tensor& x) const {
   const std::string act = cfg_.activation();
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
@@ -392,15 +434,7 @@ at::Tensor Umt5Encoder::ffn_act(const at::Tensor& x) const {
   return at::silu(x);
 }
 
-// The most negative finite value of `dtype` (as transformers' finfo(dtype).min): float's lowest
-// overflows bf16.
-static double lowest_of(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? double(std::numeric_limits<c10::BFloat16>::lowest())
-         : dtype == at::kHalf   ? double(std::numeric_limits<c10::Half>::lowest())
-                                : double(std::numeric_limits<float>::lowest());
-}
-
-at::Tensor Umt5Encoder::forward(const at::Tensor& ids_in, const at::Tensor& mask_in) const {
+at::Tensor Umt5Encoder::forward(const at::Tensor& ids_in, const at::Tensor& mask_in, PaddedRows padded) const {
   c10::InferenceMode inference;
   VIDIT_CHECK(ids_in.dim() == 2 && mask_in.sizes() == ids_in.sizes(), "umT5: ids and mask must both be [B, L] (got ",
               shape_str(ids_in.sizes()), " and ", shape_str(mask_in.sizes()), ")");
@@ -408,32 +442,91 @@ at::Tensor Umt5Encoder::forward(const at::Tensor& ids_in, const at::Tensor& mask
   const at::Tensor ids = ids_in.to(device_, at::kLong);
   VIDIT_CHECK(ids.numel() == 0 || (ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < cfg_.vocab_size),
               "umT5: token ids outside [0, ", cfg_.vocab_size, "): the tokenizer does not belong to this encoder");
-  const at::Tensor key_ok = mask_in.to(device_).ne(0).view({B, 1, 1, L});
-  // Padded keys get the most negative number (not -inf, so a row without keys cannot make NaNs).
-  const at::Tensor mask_bias = at::zeros({B, 1, 1, L}, at::TensorOptions().dtype(dtype_).device(device_))
-                                   .masked_fill_(key_ok.logical_not(), lowest_of(dtype_));
+  if (B * L == 0) return at::zeros({B, L, d}, at::TensorOptions().dtype(at::kFloat).device(device_));
   const at::Tensor buckets = relative_position_buckets(L, cfg_.num_buckets, cfg_.max_distance, device_);
+  const bool every_row = padded == PaddedRows::computed;
 
-  at::Tensor x = at::embedding(embed_, ids).to(at::kFloat);  // [B, L, d], the fp32 residual stream
+  // The encoder works on a matrix of rows: each batch row's positions (all of them, or its real
+  // tokens only) as one contiguous segment. Attention looks only at real keys: transformers adds
+  // the lowest finite number to the scores of padded keys, whose softmax weight is then exactly 0,
+  // so leaving those keys out is the same sum without its zero terms (and no [B, H, L, L] mask is
+  // built). Batch rows with the same mask share one key set.
+  struct KeySet {
+    at::Tensor real;     // bool [L] (CPU): the mask row
+    at::Tensor keys;     // int64: the segment's rows that are keys; undefined when all are
+    at::Tensor buckets;  // int64 [rows * keys], flattened: the position-bias buckets
+    int64_t rows = 0;    // rows of a segment with this mask
+  };
+  struct Segment {
+    int64_t start;   // first row
+    size_t key_set;  // its mask's KeySet (which gives its number of rows)
+  };
+  std::vector<KeySet> key_sets;
+  std::vector<Segment> segments;
+  std::vector<at::Tensor> gather;  // zeros mode: each batch row's real positions in [B * L]
+  const at::Tensor real = mask_in.ne(0).cpu();
+  int64_t R = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    const at::Tensor row = real[r];
+    const int64_t n = row.sum().item<int64_t>();
+    VIDIT_CHECK(n > 0, "umT5: row ", r, " of the mask has no real token (every row needs at least one)");
+    const at::Tensor pos = n < L ? row.nonzero().flatten().to(device_) : at::Tensor();
+    size_t k = 0;
+    while (k < key_sets.size() && !at::equal(key_sets[k].real, row)) ++k;
+    if (k == key_sets.size()) {
+      KeySet s;
+      s.real = row;
+      s.rows = every_row ? L : n;
+      if (pos.defined()) {
+        s.buckets = (every_row ? buckets : buckets.index_select(0, pos)).index_select(1, pos).flatten();
+        if (every_row) s.keys = pos;
+      } else {
+        s.buckets = buckets.flatten();
+      }
+      key_sets.push_back(std::move(s));
+    }
+    segments.push_back({R, k});
+    R += key_sets[k].rows;
+    if (!every_row) gather.push_back(pos.defined() ? pos + r * L : at::arange(r * L, (r + 1) * L, ids.options()));
+  }
+  const at::Tensor index = !every_row && R < B * L ? at::cat(gather) : at::Tensor();  // rows -> [B * L]
+  at::Tensor flat_ids = ids.reshape({B * L});
+  if (index.defined()) flat_ids = flat_ids.index_select(0, index);
+
+  at::Tensor x = at::embedding(embed_, flat_ids).to(at::kFloat);  // [R, d], the fp32 residual stream
+  at::Tensor attn = at::empty({R, H, dk}, x.options().dtype(dtype_));
+  std::vector<at::Tensor> bias(key_sets.size());
   for (const Block& b : blocks_) {
     at::Tensor h = at::rms_norm(x, {d}, b.norm_attn, cfg_.eps).to(dtype_);
-    const at::Tensor qkv = at::linear(h, b.qkv).view({B, L, 3, H, dk}).permute({2, 0, 3, 1, 4});  // [3, B, H, L, dk]
-    const at::Tensor bias = at::embedding(b.rel_bias, buckets).permute({2, 0, 1}).unsqueeze(0);   // [1, H, L, L]
-    const at::Tensor attn_mask = bias + mask_bias;                                                 // [B, H, L, L]
-    at::Tensor a = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask, 0.0, false, /*scale=*/1.0);
-    a = a.transpose(1, 2).reshape({B, L, H * dk});
-    x.add_(at::linear(a, b.o));
+    const at::Tensor qkv = b.qkv(h).view({R, 3, H, dk});
+    for (size_t k = 0; k < key_sets.size(); ++k)  // this block's bias [1, H, rows, keys], contiguous
+      bias[k] = b.rel_bias.index_select(1, key_sets[k].buckets).view({1, H, key_sets[k].rows, -1});
+    for (const Segment& s : segments) {
+      const KeySet& ks = key_sets[s.key_set];
+      // [1, H, rows, dk] views of the segment's q, k, v
+      auto part = [&](int64_t i) { return qkv.narrow(0, s.start, ks.rows).select(1, i).transpose(0, 1).unsqueeze(0); };
+      at::Tensor k = part(1), v = part(2);
+      if (ks.keys.defined()) {
+        k = k.index_select(2, ks.keys);
+        v = v.index_select(2, ks.keys);
+      }
+      const at::Tensor a = at::scaled_dot_product_attention(part(0), k, v, bias[s.key_set], 0.0, false, /*scale=*/1.0);
+      attn.narrow(0, s.start, ks.rows).copy_(a[0].transpose(0, 1));
+    }
+    x.add_(b.o(attn.view({R, H * dk})));
     h = at::rms_norm(x, {d}, b.norm_ff, cfg_.eps).to(dtype_);
-    at::Tensor g = at::linear(h, b.wi);
+    at::Tensor g = b.wi(h);
     if (cfg_.gated()) {
       const auto parts = g.chunk(2, -1);
       g = ffn_act(parts[0]).mul_(parts[1]);
     } else {
       g = ffn_act(g);
     }
-    x.add_(at::linear(g, b.wo));
+    x.add_(b.wo(g));
   }
-  return at::rms_norm(x, {d}, final_norm_, cfg_.eps);
+  x = at::rms_norm(x, {d}, final_norm_, cfg_.eps);
+  if (!index.defined()) return x.view({B, L, d});
+  return at::zeros({B * L, d}, x.options()).index_copy_(0, index, x).view({B, L, d});
 }
 
 }  // namespace vidit::text

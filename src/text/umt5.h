@@ -3,7 +3,8 @@
 //   x = embed(ids)
 //   per block:  x += o(attention(q, k, v of rms(x)))      scores q·kᵀ NOT scaled by 1/sqrt(d_kv),
 //                                                        plus the block's own relative-position
-//                                                        bias and -inf on padded keys
+//                                                        bias; padded keys left out (their
+//                                                        softmax weight is exactly 0 anyway)
 //               x += wo(act(wi_0(rms(x))) * wi_1(rms(x)))  (gated; act = gelu_new, the tanh GELU)
 //   out = rms(x)
 // rms is T5's norm: x / sqrt(mean(x²) + eps) * weight (no mean, no bias), always in fp32. The
@@ -69,25 +70,41 @@ class Umt5Encoder {
   // Throws vidit::Error naming the file, and the key or tensor (expected and found shape).
   static Umt5Encoder load(const std::string& path, at::ScalarType dtype, at::Device device);
 
-  // ids: int64 [B, L]; mask: [B, L] (nonzero = real token; at least one per row), any integer or
-  // bool dtype. Returns fp32 [B, L, d_model] on the encoder's device: the final norm's output for
-  // every position (padding rows included, as transformers computes them). Runs without autograd.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& mask) const;
+  // What forward() returns at padded positions: transformers' values (each padded position is a
+  // query over the real keys too), or zeros, which skips the padded rows' work entirely (Wan's
+  // text context keeps only the real tokens).
+  enum class PaddedRows { computed, zeros };
+
+  // ids: int64 [B, L]; mask: [B, L] (nonzero = real token; at least one per row, else
+  // vidit::Error), any integer or bool dtype. Returns fp32 [B, L, d_model] on the encoder's device:
+  // the final norm's output for every real position, and for padded ones as `padded` says. The
+  // real positions' values do not depend on `padded`, nor on how much padding there is (up to
+  // fp32 rounding). Runs without autograd.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& mask, PaddedRows padded = PaddedRows::computed) const;
 
   const Umt5Config& config() const { return cfg_; }
   at::Device device() const { return device_; }
   at::ScalarType dtype() const { return dtype_; }
 
  private:
+  // A projection's weight as its device's fastest matmul wants it: in fp32 on the CPU (when
+  // LibTorch has oneDNN) packed once, at load, into oneDNN's blocked layout for its brgemm matmul;
+  // otherwise the dense [out, in] weight for at::linear. Same fp32 accumulation either way.
+  struct Projection {
+    at::Tensor weight;  // [out, in]: dense, or a oneDNN-packed (is_mkldnn) tensor
+    bool packed = false;
+    at::Tensor operator()(const at::Tensor& x) const;  // x [..., in] -> [..., out]
+  };
   struct Block {
-    at::Tensor qkv;        // [3 * inner, d_model]: q, k, v stacked
-    at::Tensor o;          // [d_model, inner]
-    at::Tensor rel_bias;   // [num_buckets, num_heads] (compute dtype)
+    Projection qkv;        // [3 * inner, d_model]: q, k, v stacked
+    Projection o;          // [d_model, inner]
+    at::Tensor rel_bias;   // [num_heads, num_buckets] (compute dtype): the bias table, transposed
     at::Tensor norm_attn;  // [d_model] fp32
-    at::Tensor wi;         // gated: [2 * d_ff, d_model] (wi_0 then wi_1); else [d_ff, d_model]
-    at::Tensor wo;         // [d_model, d_ff]
+    Projection wi;         // gated: [2 * d_ff, d_model] (wi_0 then wi_1); else [d_ff, d_model]
+    Projection wo;         // [d_model, d_ff]
     at::Tensor norm_ff;    // [d_model] fp32
   };
+  Projection project(at::Tensor w) const;
   at::Tensor ffn_act(const at::Tensor& x) const;
 
   Umt5Config cfg_;

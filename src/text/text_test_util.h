@@ -1,6 +1,6 @@
-// Shared by the text tests: the outputs of tests/reference/umt5_reference.py (SentencePiece and
-// transformers' UMT5EncoderModel), made once and kept in the build tree under a hash of the
-// script, since CTest runs every test in its own process.
+// Shared by the text tests: the outputs of the Python references in tests/reference/ (e.g.
+// umt5_reference.py: SentencePiece and transformers' UMT5EncoderModel), made once and kept in the
+// build tree under a hash of the script, since CTest runs every test in its own process.
 #pragma once
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -22,50 +22,54 @@ struct Reference {
   std::string error;  // the script failed otherwise: the tests fail with this
 };
 
-inline const Reference& umt5_reference() {
-  static const Reference ref = [] {
-    Reference r;
+// Runs tests/reference/<script> --out DIR once per version of the script (the directory is
+// <tag>_<hash of the script>); `needs` names the Python packages, for the skip message.
+inline Reference python_reference(const std::string& script_name, const std::string& tag, const std::string& needs) {
+  Reference r;
 #ifndef VIDIT_PYTHON
-    r.skip = "built without VIDIT_PYTHON: no Python to run tests/reference/umt5_reference.py";
-    return r;
+  r.skip = "built without VIDIT_PYTHON: no Python to run tests/reference/" + script_name;
+  return r;
 #else
-    namespace fs = std::filesystem;
-    const std::string script = std::string(VIDIT_SOURCE_DIR) + "/tests/reference/umt5_reference.py";
-    std::ifstream in(script);
-    std::stringstream text;
-    text << in.rdbuf();
-    const fs::path root = fs::path(VIDIT_BINARY).parent_path() / "test_data";
-    const fs::path dir = root / ("umt5_ref_" + std::to_string(std::hash<std::string>{}(text.str())));
-    if (fs::exists(dir / "done")) {
-      r.dir = dir.string();
-      return r;
-    }
-    fs::create_directories(root);
-    const fs::path tmp = root / ("umt5_tmp_" + std::to_string(::getpid()));
-    fs::remove_all(tmp);
-    const std::string cmd = std::string(VIDIT_PYTHON) + " " + script + " --out " + tmp.string() + " > " +
-                            (tmp.string() + ".log") + " 2>&1";
-    const int rc = std::system(cmd.c_str());
-    std::ifstream log(tmp.string() + ".log");
-    std::stringstream log_text;
-    log_text << log.rdbuf();
-    fs::remove(tmp.string() + ".log");
-    if (rc != 0) {
-      fs::remove_all(tmp);
-      const bool missing = WIFEXITED(rc) && WEXITSTATUS(rc) == 3;
-      (missing ? r.skip : r.error) = "tests/reference/umt5_reference.py failed (" + std::string(VIDIT_PYTHON) +
-                                     "; needs torch, transformers, sentencepiece, safetensors): " +
-                                     log_text.str().substr(0, 600);
-      return r;
-    }
-    std::ofstream(tmp / "done") << "ok\n";
-    std::error_code ec;
-    fs::rename(tmp, dir, ec);  // another test process may have won the race: use its copy
-    if (ec) fs::remove_all(tmp);
+  namespace fs = std::filesystem;
+  const std::string script = std::string(VIDIT_SOURCE_DIR) + "/tests/reference/" + script_name;
+  std::ifstream in(script);
+  std::stringstream text;
+  text << in.rdbuf();
+  const fs::path root = fs::path(VIDIT_BINARY).parent_path() / "test_data";
+  const fs::path dir = root / (tag + "_" + std::to_string(std::hash<std::string>{}(text.str())));
+  if (fs::exists(dir / "done")) {
     r.dir = dir.string();
     return r;
+  }
+  fs::create_directories(root);
+  const fs::path tmp = root / (tag + "_tmp_" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  const std::string cmd = std::string(VIDIT_PYTHON) + " " + script + " --out " + tmp.string() + " > " +
+                          (tmp.string() + ".log") + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream log(tmp.string() + ".log");
+  std::stringstream log_text;
+  log_text << log.rdbuf();
+  fs::remove(tmp.string() + ".log");
+  if (rc != 0) {
+    fs::remove_all(tmp);
+    const bool missing = WIFEXITED(rc) && WEXITSTATUS(rc) == 3;
+    (missing ? r.skip : r.error) = "tests/reference/" + script_name + " failed (" + std::string(VIDIT_PYTHON) +
+                                   "; needs " + needs + "): " + log_text.str().substr(0, 600);
+    return r;
+  }
+  std::ofstream(tmp / "done") << "ok\n";
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // another test process may have won the race: use its copy
+  if (ec) fs::remove_all(tmp);
+  r.dir = dir.string();
+  return r;
 #endif
-  }();
+}
+
+inline const Reference& umt5_reference() {
+  static const Reference ref =
+      python_reference("umt5_reference.py", "umt5_ref", "torch, transformers, sentencepiece, safetensors");
   return ref;
 }
 

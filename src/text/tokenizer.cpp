@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "text/caption_clean.h"
+#include "text/tokenizer_json.h"
 
 #ifdef VIDIT_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -29,18 +30,21 @@ int64_t TokenizedBatch::truncated_count() const {
 }
 
 std::string Tokenizer::find_model_file(const std::string& path) {
-  VIDIT_CHECK(!path.empty(), "tokenizer: no SentencePiece model given (text.tokenizer, or --tokenizer): pass "
-              "spiece.model or the folder holding it");
+  VIDIT_CHECK(!path.empty(), "tokenizer: no tokenizer given (text.tokenizer, or --tokenizer): pass spiece.model, "
+              "tokenizer.json or the folder holding one");
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) return path;
   VIDIT_CHECK(fs::is_directory(path, ec), "tokenizer: '", path, "' does not exist: pass a SentencePiece model "
-              "(spiece.model) or a folder holding one (a diffusers pipeline's tokenizer/)");
-  for (const char* rel : {"spiece.model", "tokenizer/spiece.model", "tokenizer.model", "tokenizer/tokenizer.model"}) {
+              "(spiece.model), a tokenizer.json, or a folder holding one (a diffusers pipeline's tokenizer/)");
+  // A SentencePiece model first: it is the original; tokenizer.json is Hugging Face's translation of it.
+  for (const char* rel : {"spiece.model", "tokenizer/spiece.model", "tokenizer.model", "tokenizer/tokenizer.model",
+                          "tokenizer.json", "tokenizer/tokenizer.json"}) {
     const fs::path p = fs::path(path) / rel;
     if (fs::is_regular_file(p, ec)) return p.string();
   }
-  fail("tokenizer: no spiece.model in '", path, "' (nor in its tokenizer/ subfolder): pass the SentencePiece "
-       "model of umT5 (google/umt5-xxl's spiece.model, or a diffusers Wan pipeline's tokenizer/ folder)");
+  fail("tokenizer: no spiece.model or tokenizer.json in '", path, "' (nor in its tokenizer/ subfolder): pass the "
+       "tokenizer of umT5 (google/umt5-xxl's spiece.model or tokenizer.json, or a diffusers Wan pipeline's "
+       "tokenizer/ folder)");
 }
 
 Tokenizer::Tokenizer(const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -49,14 +53,21 @@ Tokenizer::Tokenizer(const std::string& path) : impl_(std::make_unique<Impl>()) 
        "'): install libsentencepiece-dev (apt-get install libsentencepiece-dev) and rebuild");
 #else
   model_file_ = find_model_file(path);
-  const auto status = impl_->sp.Load(model_file_);
-  VIDIT_CHECK(status.ok(), "tokenizer: cannot read the SentencePiece model '", model_file_, "' (", status.ToString(),
-              "): the file is damaged or not a SentencePiece model; download spiece.model again");
+  if (is_tokenizer_json(model_file_)) {
+    // Hugging Face's tokenizer.json, translated back into the SentencePiece model it describes.
+    const auto status = impl_->sp.LoadFromSerializedProto(sentencepiece_model_from_tokenizer_json(model_file_));
+    VIDIT_CHECK(status.ok(), "tokenizer: SentencePiece rejects the model read from '", model_file_, "' (",
+                status.ToString(), "): its vocab or special tokens do not form a SentencePiece model");
+  } else {
+    const auto status = impl_->sp.Load(model_file_);
+    VIDIT_CHECK(status.ok(), "tokenizer: cannot read the SentencePiece model '", model_file_, "' (",
+                status.ToString(), "): the file is damaged or not a SentencePiece model; download spiece.model again");
+  }
   vocab_size_ = impl_->sp.GetPieceSize();
   eos_id_ = impl_->sp.eos_id();
   pad_id_ = impl_->sp.pad_id() >= 0 ? impl_->sp.pad_id() : 0;
-  VIDIT_CHECK(eos_id_ >= 0, "tokenizer: the SentencePiece model '", model_file_, "' has no end-of-sequence piece "
-              "(</s>); umT5's model has it as id 1");
+  VIDIT_CHECK(eos_id_ >= 0, "tokenizer: the model '", model_file_, "' has no end-of-sequence piece (</s>); umT5's "
+              "model has it as id 1");
 #endif
 }
 

@@ -1,5 +1,6 @@
 // The umT5 tokenizer: a SentencePiece model (spiece.model, as google/umt5-xxl and diffusers'
-// Wan pipelines ship it in tokenizer/) applied with Wan's convention for a caption:
+// Wan pipelines ship it in tokenizer/; or Hugging Face's tokenizer.json of it, translated back into
+// that SentencePiece model by tokenizer_json.h) applied with Wan's convention for a caption:
 //   clean (caption_clean.h: Wan's prompt_clean without ftfy) -> SentencePiece ids -> append EOS
 //   (`</s>`, id 1 in umT5) -> truncate to text_len keeping EOS last (Hugging Face's
 //   truncation=True: the first text_len-1 ids, then EOS) -> pad with the pad id (0) to text_len.
@@ -27,9 +28,11 @@ struct TokenizedBatch {
 
 class Tokenizer {
  public:
-  // `path`: a spiece.model file, or a folder holding spiece.model (also in its tokenizer/
-  // subfolder: a diffusers pipeline root). Throws vidit::Error naming the path when no model is
-  // found, when it cannot be parsed, or when SentencePiece is not built in.
+  // `path`: a spiece.model file, a tokenizer.json file (a name ending ".json"), or a folder holding
+  // one (also in its tokenizer/ subfolder: a diffusers pipeline root); in a folder spiece.model (or
+  // tokenizer.model) is preferred to tokenizer.json. Throws vidit::Error naming the path when no
+  // model is found, when it cannot be parsed, when a tokenizer.json holds something SentencePiece
+  // cannot express (see tokenizer_json.h), or when SentencePiece is not built in.
   explicit Tokenizer(const std::string& path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;

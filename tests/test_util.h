@@ -2,10 +2,12 @@
 #pragma once
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/error.h"
 
 namespace vidit::test {
 
@@ -18,6 +20,16 @@ inline Config tiny_config(const std::vector<std::string>& extra = {}) {
       "data.latent_width=4",   "train.batch_size=2",      "train.threads=1",      "train.log_every=1000"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return parse_config("", "<test>", sets);
+}
+
+// The message of the vidit::Error `f` throws, or "(no error)".
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 // A fresh directory under the system temp dir, removed when the object dies.

@@ -65,14 +65,7 @@ const std::string& reference_missing() {
   return why;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::message_of;
 
 // max |a - b| / max |b|
 double relative_deviation(const at::Tensor& a, const at::Tensor& b) {

@@ -31,14 +31,7 @@ using test::ScratchDir;
 using test::random_vae;
 using test::tiny_vae_config;
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::message_of;
 
 #define EXPECT_MESSAGE_HAS(message, needle) \
   EXPECT_NE((message).find(needle), std::string::npos) << "no '" << (needle) << "' in: " << (message)
@@ -48,18 +41,7 @@ double relative_deviation(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.abs().max().item<double>();
 }
 
-// Small tensors: one thread is fastest on a shared 2-core machine (see wan_vae_test.cpp).
-class VaeLayoutTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    threads_ = at::get_num_threads();
-    at::set_num_threads(1);
-  }
-  void TearDown() override { at::set_num_threads(threads_); }
-
- private:
-  int threads_ = 1;
-};
+using VaeLayoutTest = test::OneThreadTest;
 
 TEST_F(VaeLayoutTest, NamesMapOneToOneAsDiffusersConvertsTheRelease) {
   const std::vector<VaeParam> params = vae_params(WanVAEConfig{});

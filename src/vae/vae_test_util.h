@@ -1,6 +1,9 @@
 // What the VAE tests share: the Wan 2.1 VAE's structure at a width that runs in milliseconds,
 // and random weights that carry signal through every path.
 #pragma once
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 
 #include "vae/wan_vae.h"
@@ -33,5 +36,19 @@ inline WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
   }
   return vae;
 }
+
+// The VAE tests' tensors are tiny: extra threads only add overhead (and on a loaded 2-core machine
+// spin-waiting costs 10x), so each test runs single-threaded and restores the setting after.
+class OneThreadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    threads_ = at::get_num_threads();
+    at::set_num_threads(1);
+  }
+  void TearDown() override { at::set_num_threads(threads_); }
+
+ private:
+  int threads_ = 1;
+};
 
 }  // namespace vidit::test

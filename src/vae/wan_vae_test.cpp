@@ -20,19 +20,7 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());
 }
 
-// The tensors here are tiny: extra threads only add overhead (and on a loaded 2-core machine
-// spin-waiting costs 10x), so every test runs single-threaded and restores the setting after.
-class WanVAETest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    threads_ = at::get_num_threads();
-    at::set_num_threads(1);
-  }
-  void TearDown() override { at::set_num_threads(threads_); }
-
- private:
-  int threads_ = 1;
-};
+using WanVAETest = test::OneThreadTest;
 
 VaeRunOptions whole_clip() {
   VaeRunOptions o;

@@ -170,6 +170,8 @@ HealthReport preflight(const Config& cfg, Comm& world, const at::Device& device,
   h.min_free_gb = 1.1 * 4 * 4 * double(model_info(cfg).params) / 1e9;  // a checkpoint: weights, EMA, AdamW
   if (device.is_cuda()) h.expected_tflops = peak_tflops(cuda_device_name(device.index()), Precision::bf16);
   h.slow_s = FaultInjector(cfg.faults, world.rank()).slowdown_s();
+  Progress::Options progress;  // rank 0: an updating line on a terminal, else a line every VIDIT_PROGRESS_SECONDS
+  h.progress = &progress;
   HealthReport r = run_health(world, hosts, h);
   if (world.rank() == 0) {
     std::printf("vidit health: %d rank(s) on %zu host(s), %s\n%s", world.size(),

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -209,21 +210,53 @@ HealthReport run_health(Comm& world, const std::vector<std::string>& hosts, cons
 
   // The device checks, one rank at a time per host would be fairer to shared CPUs; all at once
   // is what training does, so that is what is measured.
+  // The checks in the order they run; rank 0 counts each one off as it ends.
+  std::vector<std::string> steps;
+  if (o.check_device) steps.insert(steps.end(), {"matmul", "memory bandwidth"});
+  if (o.check_network) steps.insert(steps.end(), {"all-reduce inside each host", "all-reduce over all ranks",
+                                                  "all-reduce between host pairs"});
+  if (o.check_storage && !o.out_dir.empty()) steps.push_back("out_dir write");
+  std::unique_ptr<Progress> progress;
+  size_t step_done = 0;
+  if (o.progress && me == 0) {
+    Progress::Options po = *o.progress;
+    po.label = "health", po.unit = "check", po.total = int64_t(steps.size());
+    progress = std::make_unique<Progress>(po);
+    progress->set_note([&](const ProgressSnapshot&) {
+      return step_done < steps.size() ? "next: " + steps[step_done] : std::string();
+    });
+    progress->tick();  // the first line: 0/N, and what runs first
+  }
+  auto done = [&](int n = 1) {
+    for (int i = 0; i < n; ++i) {
+      ++step_done;
+      if (progress) progress->advance();
+    }
+  };
+
   world.barrier();
   const double gflops = o.check_device ? matmul_gflops(o) : 0;
+  if (o.check_device) done();
   world.barrier();
   const double gbs = o.check_device ? memory_gbs(o) : 0;
+  if (o.check_device) done();
   double node_gbs = 0;
   std::vector<PairLink> links;
   if (o.check_network) {
     std::shared_ptr<Comm> node = world.split(host_index, me);
     node_gbs = allreduce_gbs(*node, o.device, o.slow_allreduce_s);
+    done();
     rep.world_allreduce_gbs = allreduce_gbs(world, o.device, o.slow_allreduce_s);
+    done();
     links = pair_rounds(world, host_order, host_index, host_lead, o);
+    done();
   }
   double write_mbs = -1, free_gb = -1;
   if (o.check_storage && host_lead && !o.out_dir.empty())
     std::tie(write_mbs, free_gb) = out_dir_speed(o.out_dir, hosts[size_t(me)], o.slow_write_s);
+  // Rank 0 leads its host, so its write is the host's; the gather below waits for the others.
+  if (o.check_storage && !o.out_dir.empty()) done();
+  if (progress) progress->finish();
 
   at::Tensor mine = at::tensor({gflops, gbs, node_gbs, write_mbs, free_gb}, at::kDouble);
   at::Tensor all = at::empty({n * 5}, at::kDouble);

@@ -28,6 +28,7 @@
 #include <ATen/ATen.h>
 
 #include "core/config.h"
+#include "core/progress.h"
 #include "parallel/comm.h"
 
 namespace vidit {
@@ -51,6 +52,9 @@ struct HealthOptions {
   double slow_allreduce_s = 0, slow_write_s = 0;
   // Which checks run (vidit health --checks): matmul and memory; the all-reduces; out_dir.
   bool check_device = true, check_network = true, check_storage = true;
+  // Where rank 0 shows how far the checks are (core/progress.h: checks done of those asked for,
+  // the one running next, time left at the rate so far); nullptr shows none.
+  const Progress::Options* progress = nullptr;
 };
 
 struct RankHealth {

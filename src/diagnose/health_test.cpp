@@ -45,6 +45,22 @@ TEST(Health, SlowRankIsUnhealthyAndItsHostExcluded) {
   EXPECT_NE(ok.output.find("every host is healthy"), std::string::npos) << ok.output;
   EXPECT_NE(ok.output.find("out_dir from " + host_name() + ": "), std::string::npos) << ok.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "exclude_hosts.txt"));
+  // Progress from rank 0 (a log, not a terminal): a line per check with what runs next, then the last.
+  const auto has = [&](const std::string& out, const std::string& what) {
+    return out.find(what) != std::string::npos;
+  };
+  auto shown = test::mpirun(2, "env VIDIT_PROGRESS_SECONDS=0 " + cmd + " --checks device,storage", 120);
+  EXPECT_EQ(shown.status, 0) << shown.output;
+  EXPECT_TRUE(has(shown.output, "[health] 0/3 checks 0%")) << shown.output;
+  EXPECT_TRUE(has(shown.output, "| next: matmul")) << shown.output;
+  EXPECT_TRUE(has(shown.output, "[health] 1/3 checks 33%")) << shown.output;
+  EXPECT_TRUE(has(shown.output, "| next: memory bandwidth")) << shown.output;
+  EXPECT_TRUE(has(shown.output, "| next: out_dir write")) << shown.output;
+  EXPECT_TRUE(has(shown.output, "[health] 3/3 checks 100%")) << shown.output;
+  EXPECT_FALSE(has(shown.output, "all-reduce over all")) << shown.output;  // not asked for
+  size_t per_rank = 0;
+  for (size_t at = 0; (at = shown.output.find("[health] 3/3", at)) != std::string::npos; ++at) ++per_rank;
+  EXPECT_EQ(per_rank, 1u) << "rank 0 alone shows progress\n" << shown.output;
 
   // Rank 1's matmul loses 0.5 s in each of its 0.15 s windows: about a quarter of the other's rate.
   auto bad = test::mpirun(2, cmd + " faults.kind=slow faults.rank=1 faults.seconds=0.5", 120);

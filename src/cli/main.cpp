@@ -36,6 +36,7 @@
 #include "diagnose/crashes.h"
 #include "diagnose/doctor.h"
 #include "diagnose/health.h"
+#include "pipeline/training_samples.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
 #include "resilience/fault_injection.h"
@@ -264,11 +265,15 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
     }
   }
   std::shared_ptr<BatchSource> data;
+  std::string cache_dir;  // the latent cache this rank reads ("" for synthetic data)
   if (cfg.data.source == DataSource::demo) {
     // Each rank renders the (deterministic) demo videos and caches them in its own folder.
     const std::string dir = lead ? cfg.train.out_dir : cfg.train.out_dir + "/rank" + std::to_string(mesh->rank());
-    data = demo::prepare_demo_data(cfg, dir, dp_rank, dp).loader;
+    demo::DemoData demo_data = demo::prepare_demo_data(cfg, dir, dp_rank, dp);
+    data = demo_data.loader;
+    cache_dir = demo_data.cache_dir;
   } else if (cfg.data.source == DataSource::cache) {
+    cache_dir = cfg.data.cache_dir;
     auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
     // data.balance = "cost": batches sized by this run's measured step times, measured by rank 0
     // once and kept in out_dir/cost_model.json, so a restart builds the same batches
@@ -333,8 +338,38 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
       return kUnhealthyStatus;
     }
   }
+  // sample.every: the run's prompts sampled every N steps with its sampling weights (gathered by
+  // every rank), written by rank 0 (pipeline/training_samples.h). The prompts are embedded once,
+  // here; a round that fails is reported and training goes on.
+  const bool sampling = cfg.sample.every > 0 && !cache_dir.empty();
+  if (cfg.sample.every > 0 && cache_dir.empty() && lead)
+    std::printf("sample.every: synthetic data (data.source = \"synthetic\") has no captions or sizes to sample; no samples\n");
+  std::unique_ptr<TrainingSamples> samples;
+  if (sampling && lead) {
+    samples = std::make_unique<TrainingSamples>(cfg, training_sample_prompts(cfg, LatentCache(cache_dir)), null_text, device);
+    std::printf("sample.every = %lld: %zu prompt(s) to %s/samples/ and TensorBoard\n", (long long)cfg.sample.every,
+                samples->prompts().size(), cfg.train.out_dir.c_str());
+  }
+  auto sample_round = [&](const StepResult& r) {
+    if (!sampling || !(r.step % cfg.sample.every == 0 || r.step == cfg.train.steps)) return;
+    const TensorMap weights = trainer.sampling_weights();  // collective
+    if (lead) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        const auto paths = samples->write(weights, r.step, trainer.tensorboard());
+        std::printf("[sample] step %lld: %zu video(s) in %s (%.1f s)\n", (long long)r.step, paths.size(),
+                    paths.empty() ? "-" : std::filesystem::path(paths[0]).parent_path().c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "warning: sample.every: the samples of step %lld failed (%s); training goes on\n",
+                     (long long)r.step, e.what());
+      }
+      std::fflush(stdout);
+    }
+    mesh->world()->barrier();  // every rank waits here, as "evaluating", while rank 0 samples
+  };
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
-  auto losses = trainer.fit(max_steps);
+  auto losses = trainer.fit(max_steps, true, sample_round);
   if (trainer.stopped_by_request()) {
     trainer.events().write("stopped", trainer.steps_done(), {{"signal", stop_signal()}});
     if (lead) std::printf("stopped at step %lld; run the same command to continue\n", (long long)trainer.steps_done());

@@ -113,7 +113,9 @@ using StrList = std::vector<std::string>;
   KEY(std::string, manifest, "", any, "vidit prepare: .jsonl / .csv manifest, or a folder of videos + .txt captions") \
   KEY(std::string, cache_dir, "", any, "where the latent cache is written and read")                   \
   KEY(Codec, codec, Codec::demo, any, "\"demo\" (lossless space-to-depth) or \"wan_vae\"")             \
-  KEY(std::string, vae_weights, "", any, "Wan 2.1 VAE safetensors (codec = \"wan_vae\")")             \
+  KEY(std::string, vae_weights, "", any,                                                               \
+      "the Wan 2.1 VAE (codec = \"wan_vae\"): a .safetensors file in official or diffusers names, a vae/ " \
+      "folder or a diffusers pipeline root (vae/vae_layout.h)")                                          \
   KEY(TextEncoder, text_encoder, TextEncoder::demo, any,                                               \
       "\"demo\" (built-in caption embedder) or \"precomputed\" (files the manifest names)")           \
   KEY(Decoder, decoder, Decoder::automatic, any, "\"auto\" (NVDEC when a GPU is there, else CPU), \"cpu\", \"nvdec\"") \
@@ -276,7 +278,14 @@ using StrList = std::vector<std::string>;
   KEY(std::string, negative_prompt, "", any,                                                           \
       "the prompt guidance steers away from; \"\": the null (empty-prompt) embedding (the Wan configs set Wan's own)") \
   KEY(double, fps, 16.0, positive, "frame rate of the videos written (Wan 2.1: 16)")                   \
-  KEY(uint64_t, seed, 1, any, "seed of the sampled noise")
+  KEY(uint64_t, seed, 1, any, "seed of the sampled noise")                                             \
+  KEY(int64_t, every, 0, non_negative,                                                                 \
+      "during `vidit train`: sample every N steps and at the last one, with the EMA weights, to "        \
+      "<out_dir>/samples/step_N/*.mp4 and TensorBoard images (train/training_samples.h); 0 = off")      \
+  KEY(StrList, prompts, {}, any,                                                                       \
+      "captions sampled during training (needs text.encoder or data.text_encoder = \"demo\"); empty: "   \
+      "sample.count captions of the cache, each with its cached embedding at its own bucket's size")      \
+  KEY(int64_t, count, 4, positive, "with sample.prompts empty: how many of the cache's captions to sample")
 
 // Low-rank adapters (model/lora.h): fine-tuning that trains small matrices beside the blocks'
 // frozen projections (usually from train.init_from). rank 0: off.

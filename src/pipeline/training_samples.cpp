@@ -1,0 +1,214 @@
+#include "pipeline/training_samples.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/precision.h"
+#include "diffusion/sampler.h"
+#include "loader/latent_cache.h"
+#include "model/dit.h"
+#include "model/state_dict.h"
+#include "prepare/caption_embedder.h"
+#include "prepare/demo_codec.h"
+#include "text/text_encoder.h"
+#include "train/tensorboard.h"
+#include "vae/wan_vae.h"
+#include "video/video_decoder.h"
+
+namespace vidit {
+namespace fs = std::filesystem;
+
+namespace {
+
+// [L, D] -> [text_len, D] fp32: cut or zero-padded.
+at::Tensor to_context(const at::Tensor& text, int64_t text_len) {
+  at::Tensor t = text.to(at::kFloat).slice(0, 0, std::min(text.size(0), text_len));
+  at::Tensor out = at::zeros({text_len, t.size(1)});
+  out.slice(0, 0, t.size(0)).copy_(t);
+  return out;
+}
+
+// "a red ball, rolling!" -> "a_red_ball_rolling" (at most 40 characters): for file names and tags.
+std::string slug(const std::string& caption) {
+  std::string s;
+  for (unsigned char c : caption) {
+    if (std::isalnum(c)) s += char(std::tolower(c));
+    else if (!s.empty() && s.back() != '_') s += '_';
+    if (s.size() >= 40) break;
+  }
+  while (!s.empty() && s.back() == '_') s.pop_back();
+  return s.empty() ? "prompt" : s;
+}
+
+std::string step_dir(const std::string& out_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%07lld", (long long)step);
+  return out_dir + "/samples/" + name;
+}
+
+}  // namespace
+
+std::vector<SamplePrompt> training_sample_prompts(const Config& cfg, const LatentCache& cache) {
+  const auto& m = cfg.model;
+  VIDIT_CHECK(cache.size() > 0, "sample.every: the latent cache ", cache.dir(), " holds no sample to take a size from");
+  std::vector<SamplePrompt> out;
+  if (cfg.sample.prompts.empty()) {
+    // One clip per bucket first (index order), then more of any bucket, each caption once.
+    std::set<std::string> buckets, captions;
+    std::vector<int64_t> chosen;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t i = 0; i < cache.size() && int64_t(chosen.size()) < cfg.sample.count; ++i) {
+        const CacheIndexEntry& e = cache.entry(i);
+        const std::string caption = e.meta.is_object() ? e.meta.value("caption", std::string()) : std::string();
+        if (captions.count(caption) || (pass == 0 && buckets.count(e.bucket))) continue;
+        buckets.insert(e.bucket), captions.insert(caption);
+        chosen.push_back(i);
+      }
+    for (int64_t i : chosen) {
+      const CacheIndexEntry& e = cache.entry(i);
+      SamplePrompt p;
+      p.caption = e.meta.is_object() ? e.meta.value("caption", std::string()) : std::string();
+      if (p.caption.empty()) p.caption = "sample " + e.key;
+      p.text = to_context(cache.load(i).text, m.text_len);
+      VIDIT_CHECK(p.text.size(1) == m.text_dim, "sample.every: sample ", e.key, " of ", cache.dir(), " has a ",
+                  p.text.size(1), "-wide text embedding; model.text_dim is ", m.text_dim);
+      p.latent_shape = e.shape;
+      p.bucket = e.bucket;
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+  // Named prompts: the size of the most common bucket.
+  std::map<std::string, int64_t> per_bucket;
+  for (int64_t i = 0; i < cache.size(); ++i) ++per_bucket[cache.entry(i).bucket];
+  const std::string bucket =
+      std::max_element(per_bucket.begin(), per_bucket.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  std::vector<int64_t> shape;
+  for (int64_t i = 0; i < cache.size() && shape.empty(); ++i)
+    if (cache.entry(i).bucket == bucket) shape = cache.entry(i).shape;
+  at::Tensor texts;
+  if (!cfg.text.encoder.empty()) {
+    text::TextEncoder enc(text::text_encoder_options(cfg));
+    VIDIT_CHECK(enc.dim() == m.text_dim, "sample.prompts: the text encoder ", cfg.text.encoder, " gives ", enc.dim(),
+                "-wide embeddings; model.text_dim is ", m.text_dim);
+    texts = enc.encode(cfg.sample.prompts);
+  } else {
+    VIDIT_CHECK(cfg.data.text_encoder == TextEncoder::demo, cfg.source, ": sample.prompts needs a caption encoder: set "
+                "text.encoder (umT5), or leave sample.prompts empty to sample the cache's own captions with their "
+                "cached embeddings");
+    std::vector<at::Tensor> rows;
+    for (const auto& c : cfg.sample.prompts) rows.push_back(demo::embed_caption(c, m.text_len, m.text_dim));
+    texts = at::stack(rows);
+  }
+  for (size_t i = 0; i < cfg.sample.prompts.size(); ++i)
+    out.push_back({cfg.sample.prompts[i], to_context(texts[int64_t(i)], m.text_len), shape, bucket});
+  return out;
+}
+
+TrainingSamples::TrainingSamples(Config cfg, std::vector<SamplePrompt> prompts, at::Tensor null_text, at::Device device)
+    : cfg_(std::move(cfg)), prompts_(std::move(prompts)), device_(device) {
+  VIDIT_CHECK(cfg_.data.codec == Codec::demo || !cfg_.data.vae_weights.empty(), cfg_.source, ": sample.every with "
+              "data.codec = \"wan_vae\" decodes its samples with the VAE; set data.vae_weights");
+  null_text_ = to_context(null_text, cfg_.model.text_len);
+  negative_text_ = null_text_;
+  // sample.negative_prompt through umT5, where the run has it.
+  if (!cfg_.sample.negative_prompt.empty() && !cfg_.text.encoder.empty()) {
+    text::TextEncoder enc(text::text_encoder_options(cfg_));
+    negative_text_ = to_context(enc.encode({cfg_.sample.negative_prompt})[0], cfg_.model.text_len);
+  }
+}
+
+bool TrainingSamples::due(int64_t step) const {
+  const int64_t every = cfg_.sample.every;
+  return every > 0 && step > 0 && !prompts_.empty() && (step % every == 0 || step == cfg_.train.steps);
+}
+
+std::vector<at::Tensor> TrainingSamples::decode(const std::vector<at::Tensor>& latents) const {
+  std::vector<at::Tensor> frames;
+  if (cfg_.data.codec == Codec::demo) {
+    for (const auto& l : latents) frames.push_back(demo::codec_decode(l.to(at::kCPU), cfg_.demo.codec_block));
+    return frames;
+  }
+  WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(device_));
+  load_wan_vae(*vae, cfg_.data.vae_weights);
+  vae->eval();
+  for (const auto& l : latents) {
+    VaeRunOptions ro;
+    ro.tiling.enabled = l.size(2) * 8 > 512 || l.size(3) * 8 > 512;
+    at::Tensor video = vae->decode_latents(l.unsqueeze(0).to(device_, at::kFloat), ro);  // [1, 3, F, H, W] in [-1, 1]
+    frames.push_back(
+        ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous());
+  }
+  return frames;
+}
+
+std::vector<std::string> TrainingSamples::write(const TensorMap& weights, int64_t step, TensorBoardWriter* tb) const {
+  c10::InferenceMode inference;
+  DiT model(cfg_.model);
+  load_state_dict(*model, weights, "the run's sampling weights");
+  model->eval();
+  model->to(device_);
+  auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+    AutocastGuard autocast(device_.type(), device_.is_cuda(), at::kBFloat16);
+    return model->forward(x, t, txt).to(at::kFloat);
+  };
+  std::vector<at::Tensor> latents;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const SamplePrompt& p = prompts_[i];
+    // The same noise for a prompt at every round.
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.sample.seed + i);
+    std::vector<int64_t> shape{1};
+    shape.insert(shape.end(), p.latent_shape.begin(), p.latent_shape.end());
+    at::Tensor noise = at::randn(shape, gen, at::kFloat).to(device_);
+    at::Tensor lat = sample_latents(field, noise, p.text.unsqueeze(0).to(device_), negative_text_.to(device_), cfg_.sample);
+    latents.push_back(lat[0].to(at::kCPU));
+  }
+  model = nullptr;  // the copy goes before the VAE comes
+  const std::vector<at::Tensor> frames = decode(latents);
+
+  const std::string dir = step_dir(cfg_.train.out_dir, step);
+  fs::create_directories(dir);
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    char index[16];
+    std::snprintf(index, sizeof index, "%02zu_", i);
+    const std::string name = index + slug(prompts_[i].caption);
+    int up = 1;
+    at::Tensor strip = frame_strip(frames[i], 8, &up);
+    const std::string path = dir + "/" + name + ".mp4";
+    encode_video_mp4(path, frames[i], cfg_.sample.fps, /*crf=*/18, up);
+    paths.push_back(path);
+    if (tb)
+      tb->add_image("samples/" + name, step, encode_png(strip.data_ptr<uint8_t>(), int(strip.size(0)), int(strip.size(1)), 3),
+                    int(strip.size(0)), int(strip.size(1)), 3);
+  }
+  if (tb) tb->flush();
+  return paths;
+}
+
+at::Tensor frame_strip(const at::Tensor& frames, int64_t max_frames, int* upscale) {
+  VIDIT_CHECK(frames.dim() == 4 && frames.size(3) == 3 && frames.size(0) > 0, "frame_strip: frames [T, H, W, 3], not ",
+              frames.sizes());
+  const int64_t T = frames.size(0), H = frames.size(1), W = frames.size(2);
+  const int64_t n = std::min<int64_t>(T, std::max<int64_t>(1, max_frames));
+  std::vector<int64_t> pick;
+  for (int64_t k = 0; k < n; ++k) pick.push_back(n == 1 ? 0 : k * (T - 1) / (n - 1));
+  at::Tensor chosen = frames.index_select(0, at::tensor(pick, at::kLong));
+  at::Tensor strip = chosen.permute({1, 0, 2, 3}).reshape({H, n * W, 3});
+  const int up = int(std::max<int64_t>(1, (64 + H - 1) / H));
+  if (up > 1) strip = strip.repeat_interleave(up, 0).repeat_interleave(up, 1);
+  const int64_t stride = (strip.size(1) + 4095) / 4096;
+  if (stride > 1) strip = strip.slice(0, 0, strip.size(0), stride).slice(1, 0, strip.size(1), stride);
+  if (upscale) *upscale = up;
+  return strip.contiguous();
+}
+
+}  // namespace vidit

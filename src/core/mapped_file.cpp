@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -34,6 +37,29 @@ MappedFile::MappedFile(const std::string& path, const std::string& what, const s
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+int64_t MappedFile::resident_bytes() const {
+  std::ifstream smaps("/proc/self/smaps");
+  if (!smaps) return -1;
+  const auto start = reinterpret_cast<uintptr_t>(data_);
+  bool ours = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long long lo = 0, hi = 0;
+    // A mapping's first line: "lo-hi perms offset dev inode path"; its fields follow.
+    // (Field lines, "Rss:   12 kB", never parse as two hex numbers joined by '-'.)
+    if (std::sscanf(line.c_str(), "%llx-%llx", &lo, &hi) == 2) {
+      ours = lo == start;
+      continue;
+    }
+    if (ours && line.rfind("Rss:", 0) == 0) {
+      std::istringstream fields(line.substr(4));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return -1;
 }
 
 }  // namespace vidit

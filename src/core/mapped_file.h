@@ -21,6 +21,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Bytes of this mapping that this process has touched so far (its resident pages: the Rss of
+  // the mapping in /proc/self/smaps, where the kernel may have mapped a few neighbouring pages
+  // with each fault); -1 where the system does not say.
+  int64_t resident_bytes() const;
 
  private:
   std::string path_;

@@ -1,6 +1,8 @@
 // safetensors reader and writer (see safetensors.h for the format).
 #include "core/safetensors.h"
 
+#include "core/mapped_file.h"
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -146,6 +148,17 @@ TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string&
 
 TensorMap view_safetensors(const uint8_t* data, size_t size, const std::string& name) {
   return parse_impl(data, size, name, nullptr, /*copy=*/false);
+}
+
+TensorMap map_safetensors(const std::string& path, std::shared_ptr<const MappedFile>* file) {
+  auto mapped = std::make_shared<const MappedFile>(path, "weights file");
+  TensorMap out;
+  for (auto& [key, view] : view_safetensors(mapped->data(), mapped->size(), path)) {
+    auto* keep = new std::shared_ptr<const MappedFile>(mapped);  // released with the tensor's storage
+    out.emplace(key, at::from_blob(view.data_ptr(), view.sizes(), [keep](void*) { delete keep; }, view.options()));
+  }
+  if (file) *file = std::move(mapped);
+  return out;
 }
 
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <string>
 
 namespace vidit {
@@ -34,6 +35,13 @@ TensorMap parse_safetensors(const uint8_t* data, size_t size, const std::string&
 // Same checks, but the tensors are non-owning views into `data` (no copy): for memory-mapped
 // files. The caller keeps `data` alive and unmodified while the tensors are in use.
 TensorMap view_safetensors(const uint8_t* data, size_t size, const std::string& name);
+
+class MappedFile;
+// The tensors of the file at `path`, memory-mapped (core/mapped_file.h): views that keep the
+// mapping alive, so that only the bytes a reader touches are read (e.g. one rank's part of each
+// weight). With `file`, also the mapping itself (to ask how much of it was read). Throws as
+// load_safetensors does; a file that cannot be mapped is named.
+TensorMap map_safetensors(const std::string& path, std::shared_ptr<const MappedFile>* file = nullptr);
 
 // Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename, fsync of the directory.
 void write_file_atomic(const std::string& path, const std::string& bytes);

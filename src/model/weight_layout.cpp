@@ -472,8 +472,15 @@ WeightFiles find_transformer_weights(const std::string& path) {
   return w;
 }
 
-TensorMap read_transformer_weights(const std::string& path) {
+TensorMap read_transformer_weights(const std::string& path, std::vector<std::shared_ptr<const MappedFile>>* mapped) {
   const WeightFiles w = find_transformer_weights(path);
+  auto load_safetensors = [mapped](const std::string& file) {
+    if (!mapped) return vidit::load_safetensors(file);
+    std::shared_ptr<const MappedFile> m;
+    TensorMap t = map_safetensors(file, &m);
+    mapped->push_back(std::move(m));
+    return t;
+  };
   TensorMap all;
   if (!w.index.empty()) {
     std::map<std::string, std::vector<std::string>> by_shard;

@@ -79,7 +79,11 @@ WeightFiles find_transformer_weights(const std::string& path);
 // that its shard lacks, is an error naming both. Without an index every *.safetensors file of the
 // folder is read and a key found in two of them is an error. Names of neither layout are returned
 // as found, for load_state_dict to report. Throws vidit::Error naming the file and key.
-TensorMap read_transformer_weights(const std::string& path);
+// With `mapped`, the files are memory-mapped instead of read (core/safetensors.h map_safetensors):
+// the tensors are views that read from disk only what is touched, and the mappings are appended
+// to `mapped`.
+TensorMap read_transformer_weights(const std::string& path,
+                                   std::vector<std::shared_ptr<const MappedFile>>* mapped = nullptr);
 
 // ---- configs -------------------------------------------------------------------------------------
 // Our ModelConfig from a diffusers WanTransformer3DModel config.json: dim =

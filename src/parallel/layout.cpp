@@ -1,5 +1,6 @@
 #include "parallel/layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -58,8 +59,11 @@ at::Tensor cut_part(const Layout& layout, const at::Tensor& whole, const std::ve
       const int64_t n = t.size(c.dim) / c.degree;
       t = t.narrow(c.dim, coords[i] * n, n);
     } else {
+      // This member's chunk of the flattened tensor, the last one zero-padded: only the chunk is
+      // read (the whole may be a memory-mapped file).
       const int64_t numel = t.numel(), chunk = (numel + c.degree - 1) / c.degree;
-      t = at::constant_pad_nd(t.reshape(-1), {0, chunk * c.degree - numel}).narrow(0, coords[i] * chunk, chunk);
+      const int64_t begin = std::min(numel, coords[i] * chunk), end = std::min(numel, begin + chunk);
+      t = at::constant_pad_nd(t.reshape(-1).narrow(0, begin, end - begin), {0, chunk - (end - begin)});
     }
   }
   return t.clone();

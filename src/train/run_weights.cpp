@@ -1,11 +1,15 @@
 #include "train/run_weights.h"
 
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "model/dit.h"
 #include "model/lora.h"
 #include "model/state_dict.h"
+#include "model/weight_layout.h"
+#include "parallel/parallel_model.h"
 #include "train/checkpoint.h"
 
 namespace vidit {
@@ -59,6 +63,49 @@ CheckpointWeights read_checkpoint_weights(const std::string& from, bool use_ema)
 TensorMap read_any_weights(const std::string& path) {
   if (is_vidit_checkpoint_path(path)) return read_checkpoint_weights(path).weights;
   return read_weights(path);
+}
+
+int64_t InitWeights::file_bytes() const {
+  int64_t n = 0;
+  for (const auto& f : files) n += int64_t(f->size());
+  return n;
+}
+
+int64_t InitWeights::read_bytes() const {
+  int64_t n = 0;
+  for (const auto& f : files) {
+    const int64_t r = f->resident_bytes();
+    if (r < 0) return -1;
+    n += r;
+  }
+  return n;
+}
+
+InitWeights open_init_weights(const Config& cfg) {
+  InitWeights w;
+  w.from = cfg.train.init_from;
+  // A release's config.json, when there is one, must agree with the run's model on what the
+  // weights cannot show (their shapes are checked by name when they are loaded): RoPE's base and
+  // the text length. A vidit run or checkpoint gives its EMA weights (a LoRA run's merged onto its base).
+  std::optional<ModelConfig> r;
+  if (is_vidit_checkpoint_path(w.from)) {
+    CheckpointWeights c = read_checkpoint_weights(w.from);
+    r = c.config.model, w.weights = std::move(c.weights);
+  } else {
+    if (!find_transformer_weights(w.from).config.empty()) r = read_transformer_config(w.from);
+    w.weights = read_transformer_weights(w.from, &w.files);
+  }
+  VIDIT_CHECK(!r || (r->rope_theta == cfg.model.rope_theta && r->text_len == cfg.model.text_len), "train.init_from '",
+              w.from, "' was trained with rope_theta ", r->rope_theta, " and text_len ", r->text_len,
+              " (its config); this run has model.rope_theta = ", cfg.model.rope_theta, " and model.text_len = ",
+              cfg.model.text_len, ": set them to match");
+  return w;
+}
+
+void load_init_parts(const ParallelModel& pm, const InitWeights& w) {
+  check_state_dict(pm.whole_shapes(), w.weights, w.from);
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : pm.params()) p.copy_(pm.local(name, w.weights.at(name)));
 }
 
 }  // namespace vidit

@@ -7,7 +7,9 @@
 //     (its own train.init_from, read the same way; or, when that was empty, the random init its
 //     train.seed gives, rebuilt as the trainer built it).
 #pragma once
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/safetensors.h"
@@ -34,5 +36,26 @@ CheckpointWeights read_checkpoint_weights(const std::string& run_or_checkpoint, 
 
 // Weights in official names from any path above (a checkpoint's EMA weights).
 TensorMap read_any_weights(const std::string& path);
+
+// train.init_from as the trainer opens it. A release's files are memory-mapped, so that a rank
+// that copies out only its part of each tensor (FSDP's shard, tensor parallel's slice) reads only
+// that part from disk; a vidit run's checkpoint is read whole (its parts are put together first).
+struct InitWeights {
+  std::string from;
+  TensorMap weights;                                     // whole shapes, official names
+  std::vector<std::shared_ptr<const MappedFile>> files;  // the mappings (empty when read whole)
+  int64_t file_bytes() const;  // the mapped files' sizes
+  int64_t read_bytes() const;  // of those, the bytes this process has touched so far (-1: unknown)
+};
+// Throws vidit::Error naming the path when it holds no weights, and naming both keys when the
+// weights' own config disagrees with cfg.model on what their shapes cannot show (rope_theta,
+// text_len).
+InitWeights open_init_weights(const Config& cfg);
+
+class ParallelModel;
+// This rank's part of each parameter of `pm` (FSDP's shard, tensor parallel's slice, or the whole),
+// cut from the whole tensors by the parameter's layout and copied in: of mapped files only the
+// parts are read. Names and whole shapes are checked first, as load_state_dict checks them.
+void load_init_parts(const ParallelModel& pm, const InitWeights& w);
 
 }  // namespace vidit

@@ -57,6 +57,17 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Ten
     : Trainer(cfg, std::make_shared<EpochBatchSource>(std::move(data), cfg.train.seed, mesh->coord("dp"), mesh->degree("dp")),
               std::move(null_text), device, mesh) {}
 
+// One line from rank 0 on where the weights came from.
+static void report_init(const InitWeights& w, bool parts, bool lead) {
+  if (!lead) return;
+  if (w.files.empty()) {
+    std::printf("train.init_from: %s\n", w.from.c_str());
+    return;
+  }
+  std::printf("train.init_from: %s (%.1f MiB mapped%s)\n", w.from.c_str(), double(w.file_bytes()) / double(1 << 20),
+              parts ? "; each rank copies out and reads only its part of each tensor" : "");
+}
+
 // Ranks whose batches are their own (not slices of a global batch) draw from their own stream.
 static uint64_t noise_seed(const Config& cfg, const BatchSource& source, const Mesh& mesh) {
   return cfg.train.seed + 1 + (source.slices_global_batch() ? 0 : 1000003ull * uint64_t(mesh.coord("dp")));
@@ -82,25 +93,17 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   torch::manual_seed(cfg.train.seed);
   DiT model(cfg.model);
   model->init_weights();
+  // train.init_from: loaded whole here; under FSDP or tensor parallel (no LoRA there), each rank
+  // copies only its part of each tensor out of the mapped files once the model is parallelized.
+  std::optional<InitWeights> init;
+  const bool init_parts = cfg.parallel.shard > 1 || cfg.parallel.tensor > 1;
   if (!cfg.train.init_from.empty()) {
-    // A release's config.json, when there is one, must agree with the run's model on what the
-    // weights cannot show (their shapes are checked by name below): RoPE's base and the text length.
-    // A vidit run or checkpoint gives its EMA weights (a LoRA run's merged onto its base).
-    const std::string& from = cfg.train.init_from;
-    std::optional<ModelConfig> r;
-    TensorMap init;
-    if (is_vidit_checkpoint_path(from)) {
-      CheckpointWeights w = read_checkpoint_weights(from);
-      r = w.config.model, init = std::move(w.weights);
-    } else {
-      if (!find_transformer_weights(from).config.empty()) r = read_transformer_config(from);
-      init = read_weights(from);
+    init = open_init_weights(cfg);
+    if (!init_parts) {
+      load_state_dict(*model, init->weights, init->from);
+      report_init(*init, /*parts=*/false, is_lead());
+      init.reset();
     }
-    VIDIT_CHECK(!r || (r->rope_theta == cfg.model.rope_theta && r->text_len == cfg.model.text_len), "train.init_from '",
-                from, "' was trained with rope_theta ", r->rope_theta, " and text_len ", r->text_len,
-                " (its config); this run has model.rope_theta = ", cfg.model.rope_theta, " and model.text_len = ",
-                cfg.model.text_len, ": set them to match");
-    load_state_dict(*model, init, from);
   }
   model->to(device_);
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
@@ -170,6 +173,11 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                                            : 0;
   // Every parallelism of the mesh, in one place; params() are what this rank updates.
   pm_ = parallelize(std::move(model), mesh_, cfg, activations ? &*activations : nullptr, std::move(adapters));
+  if (init) {
+    load_init_parts(*pm_, *init);
+    report_init(*init, /*parts=*/true, is_lead());
+    init.reset();
+  }
   opt_ = std::make_unique<AdamW>(pm_->params(), AdamWOptions{cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps,
                                                             cfg.train.weight_decay},
                                  pm_->whole_shapes());

@@ -44,6 +44,7 @@
 #include "resilience/stop_signal.h"
 #include "text/text_encoder.h"
 #include "pipeline/wan_pipeline.h"
+#include "pipeline/sample_memory.h"
 #include "prepare/caption_store.h"
 #include "prepare/manifest.h"
 #include "model/weight_layout.h"
@@ -104,9 +105,21 @@ DeviceRates parse_rates(const std::string& text) {
   return r;
 }
 
-int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib, const std::string& measure, const std::string& rates) {
+int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib, const std::string& measure, const std::string& rates,
+             const std::string& sample = "", const std::string& sample_on = "cuda") {
   Config cfg = load_config(o.config, o.sets);
   std::printf("%s", format_info(cfg, model_info(cfg)).c_str());
+  if (!sample.empty()) {  // the peak memory of `vidit sample` at FRAMESxWIDTHxHEIGHT (pipeline/sample_memory.h)
+    VideoRequest r;
+    char x1 = 0, x2 = 0, rest = 0;
+    long long f = 0, w = 0, h = 0;
+    VIDIT_CHECK(std::sscanf(sample.c_str(), "%lld%c%lld%c%lld%c", &f, &x1, &w, &x2, &h, &rest) == 5 && x1 == 'x' && x2 == 'x',
+                "plan --sample '", sample, "': give FRAMESxWIDTHxHEIGHT, e.g. 81x832x480");
+    r.frames = f, r.width = w, r.height = h;
+    const SampleMemoryInputs in = sample_memory_inputs(cfg, r, sample_on == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA));
+    std::printf("%s", format_sample_memory(in, predict_sample_memory(in)).c_str());
+    return 0;
+  }
   if (world <= 0) {
     const auto& p = cfg.parallel;
     validate_mesh(cfg, int(p.replicate * p.shard * p.ulysses * p.ring * p.tensor));
@@ -701,6 +714,9 @@ int main(int argc, char** argv) {
   std::string plan_measure, plan_rates;
   plan->add_option("--measure", plan_measure, "predict the step time and MFU from this device's measured rates")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  std::string plan_sample, plan_sample_on = "cuda";
+  plan->add_option("--sample", plan_sample, "the peak memory of `vidit sample` per phase at FRAMESxWIDTHxHEIGHT (e.g. 81x832x480)");
+  plan->add_option("--sample-on", plan_sample_on, "where --sample runs: cuda (default) or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   plan->add_option("--rates", plan_rates,
                    "predict from given rates: matmul=,attention=,peak= (TFLOP/s), memory=,link= (GB/s); with "
                    "--measure, these replace the measured ones");
@@ -800,7 +816,7 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return cmd_info(o);
     if (keys->parsed()) return std::printf("%s", config_reference().c_str()) < 0;
-    if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib, plan_measure, plan_rates);
+    if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib, plan_measure, plan_rates, plan_sample, plan_sample_on);
     if (train->parsed()) return cmd_train(o, fresh, max_steps);
     if (sample->parsed()) return cmd_sample(o, sa);
     if (exp->parsed()) return cmd_export(export_format, export_from, export_out, export_ema, export_shard_gb);

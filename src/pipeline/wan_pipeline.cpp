@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/device_memory.h"
 #include "core/error.h"
+#include "core/host_peak.h"
 #include "core/precision.h"
 #include "core/progress.h"
 #include "diffusion/sampler.h"
@@ -35,17 +37,21 @@ std::string first_existing(const fs::path& dir, const std::vector<std::string>& 
   return "";
 }
 
-// Peak memory of the current phase: the caching allocator's on a GPU, the process's peak
-// resident set on the host (a high-water mark over the process's life: the largest phase so far).
+// Peak memory of the current phase: the caching allocator's on a GPU; on the host the peak of
+// ATen's allocations made during the phase (core/host_peak.h), or, when a profiler holds the
+// hook HostPeak needs, the process's peak resident set (a high-water mark over its life).
 struct PhaseMeter {
   explicit PhaseMeter(std::string name, at::Device device) : device(device), start(std::chrono::steady_clock::now()) {
     report.name = std::move(name);
     if (device.is_cuda()) cuda_reset_peak_memory(device.index() < 0 ? 0 : device.index());
+    else host.emplace();
   }
   PhaseReport done() {
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (device.is_cuda()) {
       report.peak_bytes = cuda_peak_allocated_bytes(device.index() < 0 ? 0 : device.index());
+    } else if (host && host->active()) {
+      report.peak_bytes = host->peak();
     } else {
       rusage u{};
       getrusage(RUSAGE_SELF, &u);
@@ -56,6 +62,7 @@ struct PhaseMeter {
   at::Device device;
   std::chrono::steady_clock::time_point start;
   PhaseReport report;
+  std::optional<HostPeak> host;
 };
 
 }  // namespace

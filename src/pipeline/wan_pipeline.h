@@ -8,8 +8,8 @@
 //
 // Each model is loaded for its phase only and freed when the phase ends, so umT5-XXL (about
 // 11 GB in bf16), the DiT and the VAE never sit in memory together; the report gives each phase's
-// seconds and the memory it held at its peak (the CUDA caching allocator's peak on a GPU, the
-// process's peak resident set on the host).
+// seconds and the memory it held at its peak (the CUDA caching allocator's peak on a GPU; on the
+// host the peak of the ATen allocations the phase made, core/host_peak.h).
 //
 // Where the parts come from (WanWeights::find): a diffusers pipeline folder (model_index.json
 // with transformer/, text_encoder/, tokenizer/, vae/) or an official Wan 2.1 release folder

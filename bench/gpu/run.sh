@@ -34,7 +34,7 @@ summary() {
   echo
   echo "================ vidit GPU run summary ================"
   printf '%-14s %-8s %s\n' step status detail
-  for step in environment configure build tests kernel_error kernels bench fp8 step_time lora profile; do
+  for step in environment configure build tests kernel_error kernels bench fp8 step_time lora samples profile; do
     printf '%-14s %-8s %s\n' "$step" "${STATUS[$step]:--}" "${DETAIL[$step]:-}"
   done
   echo "total wall: ${SECONDS}s (budget ${BUDGET}s); logs: $LOGS"
@@ -305,16 +305,17 @@ else
   STATUS[step_time]=skipped
 fi
 
-# LoRA on the GPU (model/lora.h): Wan 2.1 1.3B frozen in bf16, rank-32 adapters on every attention
+# LoRA on the GPU (model/lora.h): Wan 2.1 1.3B frozen in FP8 (e4m3, a scale per row, multiplied as
+# fp32 under bf16 autocast), rank-32 adapters on every attention
 # projection and the MLP, bf16 autocast, 4 steps on synthetic latents; the log's step lines give
 # the step time and the trainer's LoRA line the adapters' count.
 if [[ -x "$BUILD/vidit" ]] && (($(left) >= 150)); then
-  say "vidit train with lora.rank=32 (Wan 2.1 1.3B, bf16 base)"
+  say "vidit train with lora.rank=32 (Wan 2.1 1.3B, fp8 base)"
   L_OUT="$BUILD/gpu_lora_run"
   rm -rf "$L_OUT"
   if timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
       --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.log_every=1 \
-      --set lora.rank=32 --set lora.base_dtype=bf16 --set parallel.shard=1 --set train.ckpt_every=0 \
+      --set lora.rank=32 --set lora.base_dtype=fp8 --set parallel.shard=1 --set train.ckpt_every=0 \
       --set train.out_dir="$L_OUT" >"$LOGS/lora.log" 2>&1; then
     STATUS[lora]=ok
     DETAIL[lora]=$(grep -E '^LoRA:' "$LOGS/lora.log" | cut -c1-80; grep -E '^step +4' "$LOGS/lora.log" | tail -n 1 | cut -c1-100)
@@ -324,6 +325,26 @@ if [[ -x "$BUILD/vidit" ]] && (($(left) >= 150)); then
   tail -n 3 "$LOGS/lora.log"
 else
   STATUS[lora]=skipped
+fi
+
+# Samples while training on the GPU (pipeline/training_samples.h): the demo's data, a small model,
+# sample.every=2 over 4 steps; the DiT samples under bf16 autocast on the GPU, the demo codec
+# decodes, and the MP4s land under samples/step_N.
+if [[ -x "$BUILD/vidit" ]] && (($(left) >= 120)); then
+  say "vidit train with sample.every=2 (demo data, CUDA)"
+  S_OUT="$BUILD/gpu_samples_run"
+  rm -rf "$S_OUT"
+  if timeout "$(cap 60)" "$BUILD/vidit" train --fresh --set data.source=demo --set demo.videos=12 --set train.steps=4 \
+      --set sample.every=2 --set sample.count=2 --set sample.steps=4 --set train.out_dir="$S_OUT" \
+      >"$LOGS/samples.log" 2>&1 && [[ $(ls "$S_OUT"/samples/step_0000004/*.mp4 2>/dev/null | wc -l) -eq 2 ]]; then
+    STATUS[samples]=ok
+    DETAIL[samples]=$(grep -E '^\[sample\] step 4' "$LOGS/samples.log" | cut -c1-100)
+  else
+    STATUS[samples]=FAIL; DETAIL[samples]="rc $? (see samples.log)"
+  fi
+  tail -n 3 "$LOGS/samples.log"
+else
+  STATUS[samples]=skipped
 fi
 
 # Where a GPU step's time goes: a Kineto profile of 2 steps of Wan 2.1 1.3B at 8,190 tokens

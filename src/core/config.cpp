@@ -64,6 +64,11 @@ template <class T> const char* fp32_or_bf16(const T& v) {
   if constexpr (std::is_same_v<T, Precision>) return v == Precision::fp32 || v == Precision::bf16 ? nullptr : "\"fp32\" or \"bf16\"";
   return nullptr;
 }
+template <class T> const char* fp32_bf16_or_fp8(const T& v) {
+  if constexpr (std::is_same_v<T, Precision>)
+    return v == Precision::fp32 || v == Precision::bf16 || v == Precision::fp8 ? nullptr : "\"fp32\", \"bf16\" or \"fp8\"";
+  return nullptr;
+}
 }  // namespace key_checks
 
 // Every key of `c` (a Config or a const Config), in declaration order:

@@ -86,7 +86,7 @@ using StrList = std::vector<std::string>;
 
 // ---- the keys ---------------------------------------------------------------------------------
 // KEY(type, name, default, check, doc). Checks: any, positive, non_negative, fraction ([0, 1]),
-// below_one ([0, 1)), block_count (>= -1), even_positive, fp32_or_bf16.
+// below_one ([0, 1)), block_count (>= -1), even_positive, fp32_or_bf16, fp32_bf16_or_fp8.
 
 #define VIDIT_MODEL_KEYS(KEY)                                                                          \
   KEY(int64_t, dim, 128, positive, "hidden size of every block")                                       \
@@ -281,7 +281,7 @@ using StrList = std::vector<std::string>;
   KEY(uint64_t, seed, 1, any, "seed of the sampled noise")                                             \
   KEY(int64_t, every, 0, non_negative,                                                                 \
       "during `vidit train`: sample every N steps and at the last one, with the EMA weights, to "        \
-      "<out_dir>/samples/step_N/*.mp4 and TensorBoard images (train/training_samples.h); 0 = off")      \
+      "<out_dir>/samples/step_N/*.mp4 and TensorBoard images (pipeline/training_samples.h); 0 = off")      \
   KEY(StrList, prompts, {}, any,                                                                       \
       "captions sampled during training (needs text.encoder or data.text_encoder = \"demo\"); empty: "   \
       "sample.count captions of the cache, each with its cached embedding at its own bucket's size")      \
@@ -300,8 +300,9 @@ using StrList = std::vector<std::string>;
       any,                                                                                             \
       "the blocks' projections that get adapters: blocks.N.<path> matches a target equal to it or ending in " \
       "\".\" + the target (\"q\" matches both attentions' q; \"ffn.0\" every block's first MLP layer)")    \
-  KEY(Precision, base_dtype, Precision::fp32, fp32_or_bf16,                                            \
-      "storage of the frozen weights of the targeted projections: \"fp32\" or \"bf16\" (half their memory)")
+  KEY(Precision, base_dtype, Precision::fp32, fp32_bf16_or_fp8,                                        \
+      "storage of the frozen weights of the targeted projections: \"fp32\", \"bf16\" (half their memory) " \
+      "or \"fp8\" (a quarter: e4m3 with a scale per output row, multiplied as fp32)")
 
 // The umT5 text encoder (src/text/): captions to the DiT's context, in C++.
 #define VIDIT_TEXT_KEYS(KEY)                                                                           \

@@ -7,10 +7,14 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/fp8.h"
 #include "model/weight_layout.h"
 
 namespace vidit {
 namespace {
+
+// The buffer holding an fp8-stored base weight's row scales, on its projection.
+constexpr const char* kBaseScale = "lora_base_scale";
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -51,25 +55,33 @@ bool matches(const std::string& name, const std::vector<std::string>& targets) {
 // function recognises the projection it is asked to multiply.
 struct Adapter {
   at::Tensor weight, A, B;
+  at::Tensor base_scale;  // lora.base_dtype = "fp8": the weight is e4m3 with this scale per row
 };
+
+// An fp8-stored base weight back in fp32 (its e4m3 values times its row scales).
+at::Tensor stored_weight(const at::Tensor& w, const at::Tensor& base_scale) {
+  return base_scale.defined() ? from_fp8(Fp8Tensor{w, base_scale}) : w;
+}
 
 LinearFn with_adapters(LinearFn inner, std::vector<Adapter> adapters, double scale, double dropout) {
   return [inner = std::move(inner), adapters = std::move(adapters), scale, dropout](
              const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    const Adapter* mine = nullptr;
+    for (const Adapter& a : adapters)
+      if (w.is_same(a.weight)) mine = &a;
+    // An fp8-stored base weight is multiplied as fp32, made for this call only.
+    const at::Tensor wt = mine ? stored_weight(w, mine->base_scale) : w;
     at::Tensor y;
     if (inner) {
-      y = inner(x, w, b);
+      y = inner(x, wt, b);
     } else {
       // Frozen weights stored in bf16 multiply an fp32 input in fp32 (autocast casts by itself).
-      const bool cast = w.scalar_type() != x.scalar_type() && !at::autocast::is_autocast_enabled(x.device().type());
-      y = at::linear(x, cast ? w.to(x.scalar_type()) : w, b);
+      const bool cast = wt.scalar_type() != x.scalar_type() && !at::autocast::is_autocast_enabled(x.device().type());
+      y = at::linear(x, cast ? wt.to(x.scalar_type()) : wt, b);
     }
-    for (const Adapter& a : adapters)
-      if (w.is_same(a.weight)) {
-        const at::Tensor h = dropout > 0 && at::GradMode::is_enabled() ? at::dropout(x, dropout, true) : x;
-        return y + at::linear(at::linear(h, a.A), a.B) * scale;
-      }
-    return y;
+    if (!mine) return y;
+    const at::Tensor h = dropout > 0 && at::GradMode::is_enabled() ? at::dropout(x, dropout, true) : x;
+    return y + at::linear(at::linear(h, mine->A), mine->B) * scale;
   };
 }
 
@@ -95,6 +107,7 @@ LoraCounts lora_counts(const ModelConfig& model, const LoraConfig& cfg) {
     c.projections += 1;
     c.adapter_params += cfg.rank * (shape[0] + shape[1]);
     c.adapted_weights += shape[0] * shape[1];
+    c.adapted_rows += shape[0];
   }
   return c;
 }
@@ -129,12 +142,31 @@ TensorMap apply_lora(DiTImpl& model, const LoraConfig& cfg) {
     torch::nn::init::kaiming_uniform_(A, std::sqrt(5.0));
     at::Tensor B = at::zeros({w.size(0), cfg.rank}, opts);
     A.requires_grad_(true), B.requires_grad_(true);
-    if (cfg.base_dtype == Precision::bf16) w.set_data(w.to(at::kBFloat16));
-    by_slot[p.slot].push_back({w, A, B});
+    at::Tensor base_scale;
+    if (cfg.base_dtype == Precision::bf16) {
+      w.set_data(w.to(at::kBFloat16));
+    } else if (cfg.base_dtype == Precision::fp8) {
+      // e4m3 with a scale per output row; the scale is kept on the projection as a buffer, so the
+      // weight can be read back (lora_base_weights) and moves with the module.
+      const Fp8Tensor q = to_fp8(w.to(at::kFloat), at::kFloat8_e4m3fn, /*rowwise=*/true);
+      w.set_data(q.data);
+      base_scale = p.proj->register_buffer(kBaseScale, q.scale);
+    }
+    by_slot[p.slot].push_back({w, A, B, base_scale});
     out[p.name + ".lora_A.weight"] = A;
     out[p.name + ".lora_B.weight"] = B;
   }
   for (auto& [slot, adapters] : by_slot) *slot = with_adapters(*slot, std::move(adapters), scale, cfg.dropout);
+  return out;
+}
+
+TensorMap lora_base_weights(const DiTImpl& model) {
+  TensorMap out;
+  for (const auto& item : model.named_parameters(true)) out[item.key()] = item.value().detach();
+  for (const Projection& p : projections(const_cast<DiTImpl&>(model))) {
+    const auto buffers = p.proj->named_buffers(/*recurse=*/false);
+    if (const at::Tensor* s = buffers.find(kBaseScale)) out[p.name + ".weight"] = stored_weight(p.proj->weight.detach(), *s);
+  }
   return out;
 }
 

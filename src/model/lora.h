@@ -14,7 +14,7 @@
 // The model knows nothing of it, and the trainer hands the adapters to parallelize() as the
 // parameters it trains: AdamW, the EMA, gradient reductions and checkpoints see A and B only,
 // and every base weight is frozen (requires_grad false; the targeted weights optionally stored
-// in bf16, lora.base_dtype).
+// in bf16, or in FP8 e4m3 with a scale per output row and multiplied as fp32, lora.base_dtype).
 //
 // Names and files. The adapters are named after their projection: "blocks.N.self_attn.q.lora_A.weight"
 // and ".lora_B.weight" (a run's checkpoints hold these). lora_file_tensors() gives the adapter
@@ -41,7 +41,7 @@ std::vector<std::string> lora_matches(const DiTImpl& model, const std::vector<st
 
 // Adds adapters to the projections lora.targets match (throws vidit::Error naming the targets and
 // listing the projections there are when they match none), freezes every parameter of `model`,
-// casts the targeted weights to lora.base_dtype, and returns the adapters by name (fresh leaves
+// stores the targeted weights in lora.base_dtype, and returns the adapters by name (fresh leaves
 // on the model's device, requiring grad). Call after the model is on its device and after
 // apply_fp8(), whose linear functions it wraps. Uses LibTorch's default generator for A (seed it
 // first for a reproducible start).
@@ -51,11 +51,17 @@ TensorMap apply_lora(DiTImpl& model, const LoraConfig& cfg);
 // the adapters' parameters, and the elements of the targeted (frozen) projection weights.
 struct LoraCounts {
   int64_t adapter_params = 0, adapted_weights = 0, projections = 0;
+  int64_t adapted_rows = 0;  // output rows of the targeted projections (fp8's row scales)
 };
 LoraCounts lora_counts(const ModelConfig& model, const LoraConfig& cfg);
 
 // alpha / rank, with lora.alpha = 0 meaning alpha = rank.
 double lora_scale(const LoraConfig& cfg);
+
+// The model's own weights by official name, with the targeted weights as fp32 where they are
+// stored in fp8 (lora.base_dtype = "fp8": e4m3 values times their row scales); others as stored.
+// What merge_lora takes as the base of a live LoRA model.
+TensorMap lora_base_weights(const DiTImpl& model);
 
 // Whether `tensors` are a run's adapters (any key ending in ".lora_A.weight").
 bool holds_lora(const TensorMap& tensors);

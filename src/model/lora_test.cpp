@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <regex>
 
@@ -187,6 +188,62 @@ TEST(Lora, AdapterFileForDiffusersAndComfyUiRoundTrips) {
 
 std::shared_ptr<const Dataset> synthetic(const Config& c) { return std::make_shared<SyntheticDataset>(c, 8, 11); }
 at::Tensor null_text(const Config& c) { return at::zeros({c.model.text_len, c.model.text_dim}); }
+
+// lora.base_dtype = "fp8": the targeted weights held as e4m3 (a quarter of fp32's bytes) with a
+// scale per row; read back, each is within e4m3's rounding (2^-4 relative) of the original; the
+// model's output moves by that rounding only; a run trains the adapters, and its sampling weights
+// are the read-back base with the adapters merged.
+TEST(Lora, BaseWeightsInFp8AreReadBackWithinTheirRounding) {
+  const Config c = tiny_config({"lora.rank=4", "lora.base_dtype=\"fp8\""});
+  DiT model = fresh_model(c);
+  const TensorMap original = copy_of(model);
+  const Inputs in = inputs(c);
+  at::Tensor before;
+  {
+    at::NoGradGuard ng;
+    before = model->forward(in.x, in.t, in.text);
+  }
+  apply_lora(*model, c.lora);
+  const auto& q = model->blocks[0]->as<DiTBlockImpl>()->self_attn->q->weight;
+  EXPECT_EQ(q.scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_EQ(q.element_size(), 1);
+  EXPECT_EQ(model->blocks[0]->as<DiTBlockImpl>()->norm3->weight.scalar_type(), at::kFloat);  // not targeted
+  const TensorMap back = lora_base_weights(*model);
+  ASSERT_EQ(back.size(), original.size());
+  for (const auto& [k, w] : original) {
+    const at::Tensor& r = back.at(k);
+    ASSERT_EQ(r.scalar_type(), at::kFloat) << k;
+    if (!k.ends_with("self_attn.q.weight") && !k.ends_with("ffn.0.weight")) continue;
+    // Each element within 2^-4 of itself, or of its row's largest (the subnormal range).
+    const at::Tensor row_max = w.abs().amax(1, true);
+    EXPECT_TRUE(((r - w).abs() <= w.abs() / 16 + row_max / 256).all().item<bool>()) << k;
+    EXPECT_FALSE(at::equal(r, w)) << k << ": not rounded at all?";
+  }
+  {
+    at::NoGradGuard ng;
+    const at::Tensor after = model->forward(in.x, in.t, in.text);
+    EXPECT_EQ(after.scalar_type(), at::kFloat);
+    EXPECT_LT((after - before).abs().max().item<double>(), 0.1 * before.abs().max().item<double>());
+  }
+
+  ScratchDir dir("lora_fp8");
+  Config run = tiny_config({"train.steps=4", "train.warmup_steps=0", "train.lr=1e-2", "lora.rank=4",
+                            "lora.base_dtype=\"fp8\"", "train.ema_decay=0"});
+  run.train.out_dir = dir / "run";
+  Trainer t(run, synthetic(run), null_text(run));
+  const std::vector<double> losses = t.fit(-1, false);
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  for (const auto& [name, p] : t.parallel_model().params()) EXPECT_NE(name.find(".lora_"), std::string::npos) << name;
+  const TensorMap sampling = t.sampling_weights();
+  const TensorMap merged = merge_lora(lora_base_weights(*t.model()), t.weights(), lora_scale(run.lora));
+  for (const auto& [k, v] : merged) EXPECT_TRUE(at::equal(sampling.at(k), v)) << k;
+  EXPECT_EQ(sampling.at("blocks.0.self_attn.q.weight").scalar_type(), at::kFloat);
+  // `vidit plan`: the targeted weights at one byte each plus a scale per row.
+  Config fp32 = run;
+  fp32.lora.base_dtype = Precision::fp32;
+  const LoraCounts n = lora_counts(run.model, run.lora);
+  EXPECT_DOUBLE_EQ(plan_step(fp32).weights - plan_step(run).weights, 3.0 * double(n.adapted_weights) - 4.0 * double(n.adapted_rows));
+}
 
 TEST(Lora, RunTrainsOnlyTheAdaptersAndResumesBitwise) {
   ScratchDir dir("lora_run");

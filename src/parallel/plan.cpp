@@ -123,9 +123,11 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   // targeted weights are stored in lora.base_dtype, and nothing else has a gradient.
   const LoraCounts lora = lora_counts(m, cfg.lora);
   if (cfg.lora.rank > 0) {
-    const double base_bytes = cfg.lora.base_dtype == Precision::bf16 ? 2 : 4;
+    // fp8: one byte a weight and an fp32 scale per output row.
+    const double base_bytes = cfg.lora.base_dtype == Precision::bf16 ? 2 : cfg.lora.base_dtype == Precision::fp8 ? 1 : 4;
     plan.lora_params = lora.adapter_params;
-    plan.weights += 4 * double(lora.adapter_params) - (4 - base_bytes) * double(lora.adapted_weights);
+    plan.weights += 4 * double(lora.adapter_params) - (4 - base_bytes) * double(lora.adapted_weights) +
+                    (cfg.lora.base_dtype == Precision::fp8 ? 4 * double(lora.adapted_rows) : 0);
     plan.grads = 4 * double(lora.adapter_params);
     plan.optimizer = 8 * double(lora.adapter_params);
     plan.ema = cfg.train.ema_decay > 0 ? 4 * double(lora.adapter_params) : 0;

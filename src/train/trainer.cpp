@@ -192,7 +192,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
 TensorMap Trainer::sampling_weights() const {
   TensorMap w = ema_ ? ema_weights() : weights();
   if (cfg_.lora.rank == 0) return w;
-  return merge_lora(state_dict(*pm_->model()), w, lora_scale(cfg_.lora));
+  return merge_lora(lora_base_weights(*pm_->model()), w, lora_scale(cfg_.lora));
 }
 
 EventLog& Trainer::events() {

@@ -225,6 +225,77 @@ else
   STATUS[kernels]=skipped
 fi
 
+# ---- LoRA, samples while training, profile: run between the first benchmarks and the rest,
+# so a short budget still sees them (the "@extras" entry of BENCHES).
+# wan_train NAME ARGS...: 4 steps of Wan 2.1 1.3B at 8,190 tokens on synthetic latents with ARGS,
+# into $BUILD/gpu_NAME_run, logged to $LOGS/NAME.log (at most 90 s).
+wan_train() {
+  local name=$1; shift
+  rm -rf "$BUILD/gpu_${name}_run"
+  timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
+    --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.ckpt_every=0 \
+    "$@" --set train.out_dir="$BUILD/gpu_${name}_run" >"$LOGS/$name.log" 2>&1
+}
+
+run_extras() {
+  # LoRA on the GPU (model/lora.h): Wan 2.1 1.3B frozen in FP8 (e4m3, a scale per row, multiplied as
+  # fp32 under bf16 autocast), rank-32 adapters on every attention
+  # projection and the MLP, bf16 autocast, 4 steps on synthetic latents; the log's step lines give
+  # the step time and the trainer's LoRA line the adapters' count.
+  if [[ -x "$BUILD/vidit" ]] && (($(left) >= 150)); then
+    say "vidit train with lora.rank=32 (Wan 2.1 1.3B, fp8 base)"
+    if wan_train lora --set train.log_every=1 --set lora.rank=32 --set lora.base_dtype=fp8 --set parallel.shard=1; then
+      STATUS[lora]=ok
+      DETAIL[lora]=$(grep -E '^LoRA:' "$LOGS/lora.log" | cut -c1-80; grep -E '^step +4' "$LOGS/lora.log" | tail -n 1 | cut -c1-100)
+    else
+      STATUS[lora]=FAIL; DETAIL[lora]="rc $? (see lora.log)"
+    fi
+    tail -n 3 "$LOGS/lora.log"
+  else
+    STATUS[lora]=skipped
+  fi
+
+  # Samples while training on the GPU (pipeline/training_samples.h): the demo's data, a small model,
+  # sample.every=2 over 4 steps; the DiT samples under bf16 autocast on the GPU, the demo codec
+  # decodes, and the MP4s land under samples/step_N.
+  if ! command -v ffmpeg >/dev/null; then
+    # The demo data and the MP4 writer need the ffmpeg program (video/video_encoder.cpp).
+    STATUS[samples]=skipped; DETAIL[samples]="no ffmpeg program on this machine"
+  elif [[ -x "$BUILD/vidit" ]] && (($(left) >= 120)); then
+    say "vidit train with sample.every=2 (demo data, CUDA)"
+    S_OUT="$BUILD/gpu_samples_run"
+    rm -rf "$S_OUT"
+    if timeout "$(cap 60)" "$BUILD/vidit" train --fresh --set data.source=demo --set demo.videos=12 --set train.steps=4 \
+        --set sample.every=2 --set sample.count=2 --set sample.steps=4 --set train.out_dir="$S_OUT" \
+        >"$LOGS/samples.log" 2>&1 && [[ $(ls "$S_OUT"/samples/step_0000004/*.mp4 2>/dev/null | wc -l) -eq 2 ]]; then
+      STATUS[samples]=ok
+      DETAIL[samples]=$(grep -E '^\[sample\] step 4' "$LOGS/samples.log" | cut -c1-100)
+    else
+      STATUS[samples]=FAIL; DETAIL[samples]="rc $? (see samples.log)"
+    fi
+    tail -n 3 "$LOGS/samples.log"
+  else
+    STATUS[samples]=skipped
+  fi
+
+  # Where a GPU step's time goes: a Kineto profile of 2 steps of Wan 2.1 1.3B at 8,190 tokens
+  # (train.profile_steps; diagnose/profile.h): matmul / attention / elementwise / communication /
+  # idle on the GPU, and the trace with CUDA kernels (profile/rank0.json, copied to the logs).
+  if [[ -x "$BUILD/vidit" ]] && (($(left) >= 100)); then
+    say "vidit train with train.profile_steps=2 (Wan 2.1 1.3B, 8,190 tokens)"
+    if wan_train profile --set train.profile_steps=2 --set train.ema_decay=0; then
+      STATUS[profile]=ok
+      DETAIL[profile]=$(grep -E '^profile of steps' "$LOGS/profile.log" | sed 's/; trace in.*//')
+      gzip -c "$BUILD/gpu_profile_run/profile/rank0.json" >"$LOGS/profile_rank0.json.gz" 2>/dev/null || true
+    else
+      STATUS[profile]=FAIL; DETAIL[profile]="rc $? (see profile.log)"
+    fi
+    grep -E '^profile of steps' "$LOGS/profile.log" || tail -n 5 "$LOGS/profile.log"
+  else
+    STATUS[profile]=skipped
+  fi
+}
+
 # ---- benchmarks ---------------------------------------------------------------------------
 # name|cap seconds|arguments. The tiny demo model (overhead-bound); Wan 2.1 1.3B at 240p x 81
 # frames (21x30x52 latents, 8,190 tokens) and at its real 480x832 x 81 frames (21x60x104, 32,760
@@ -243,10 +314,11 @@ BENCHES=(
   "wan1.3b_8k|90|--device cuda --config configs/wan2.1-1.3b.toml --set data.latent_height=30 --set data.latent_width=52 --steps 8 --warmup 2"
   "wan1.3b_32k_flash|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=flash --set train.recompute_blocks=-1 --set train.recompute_policy=selective --steps 4 --warmup 2"
   "wan1.3b_32k_cudnn|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.attention_backend=cudnn --set train.recompute_blocks=-1 --set train.recompute_policy=selective --steps 4 --warmup 2"
-  "wan1.3b_32k_block|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.recompute_blocks=-1 --steps 4 --warmup 2"
-  "wan1.3b_32k_budget|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.memory_budget_gb=110 --steps 4 --warmup 2"
   "w14_bf16|90|--device cuda $WAN14W"
   "w14_fp8|90|--device cuda $WAN14W --set train.precision=fp8"
+  "@extras"
+  "wan1.3b_32k_block|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.recompute_blocks=-1 --steps 4 --warmup 2"
+  "wan1.3b_32k_budget|90|--device cuda --config configs/wan2.1-1.3b.toml --set train.memory_budget_gb=110 --steps 4 --warmup 2"
   "w14_fp8_rowwise|90|--device cuda $WAN14W --set train.precision=fp8_rowwise"
   "w14_fp8_every_cast|90|--device cuda $WAN14W --set train.precision=fp8 --set train.fp8_reuse_casts=false"
 )
@@ -257,6 +329,7 @@ if [[ -x "$BUILD/bench_train_step" ]]; then
   STATUS[bench]=ok
   : >"$LOGS/bench.log"
   for entry in "${BENCHES[@]}"; do
+    if [[ $entry == @extras ]]; then run_extras; continue; fi
     IFS='|' read -r name bcap bargs <<<"$entry"
     if (($(left) < 20)); then bench_detail+=("$name skipped (no time)"); continue; fi
     say "bench $name: bench_train_step $bargs"
@@ -303,69 +376,6 @@ if [[ -x "$BUILD/bench_step_time" ]] && (($(left) >= 60)); then
   cat "$LOGS/step_time.log"
 else
   STATUS[step_time]=skipped
-fi
-
-# LoRA on the GPU (model/lora.h): Wan 2.1 1.3B frozen in FP8 (e4m3, a scale per row, multiplied as
-# fp32 under bf16 autocast), rank-32 adapters on every attention
-# projection and the MLP, bf16 autocast, 4 steps on synthetic latents; the log's step lines give
-# the step time and the trainer's LoRA line the adapters' count.
-if [[ -x "$BUILD/vidit" ]] && (($(left) >= 150)); then
-  say "vidit train with lora.rank=32 (Wan 2.1 1.3B, fp8 base)"
-  L_OUT="$BUILD/gpu_lora_run"
-  rm -rf "$L_OUT"
-  if timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
-      --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.log_every=1 \
-      --set lora.rank=32 --set lora.base_dtype=fp8 --set parallel.shard=1 --set train.ckpt_every=0 \
-      --set train.out_dir="$L_OUT" >"$LOGS/lora.log" 2>&1; then
-    STATUS[lora]=ok
-    DETAIL[lora]=$(grep -E '^LoRA:' "$LOGS/lora.log" | cut -c1-80; grep -E '^step +4' "$LOGS/lora.log" | tail -n 1 | cut -c1-100)
-  else
-    STATUS[lora]=FAIL; DETAIL[lora]="rc $? (see lora.log)"
-  fi
-  tail -n 3 "$LOGS/lora.log"
-else
-  STATUS[lora]=skipped
-fi
-
-# Samples while training on the GPU (pipeline/training_samples.h): the demo's data, a small model,
-# sample.every=2 over 4 steps; the DiT samples under bf16 autocast on the GPU, the demo codec
-# decodes, and the MP4s land under samples/step_N.
-if [[ -x "$BUILD/vidit" ]] && (($(left) >= 120)); then
-  say "vidit train with sample.every=2 (demo data, CUDA)"
-  S_OUT="$BUILD/gpu_samples_run"
-  rm -rf "$S_OUT"
-  if timeout "$(cap 60)" "$BUILD/vidit" train --fresh --set data.source=demo --set demo.videos=12 --set train.steps=4 \
-      --set sample.every=2 --set sample.count=2 --set sample.steps=4 --set train.out_dir="$S_OUT" \
-      >"$LOGS/samples.log" 2>&1 && [[ $(ls "$S_OUT"/samples/step_0000004/*.mp4 2>/dev/null | wc -l) -eq 2 ]]; then
-    STATUS[samples]=ok
-    DETAIL[samples]=$(grep -E '^\[sample\] step 4' "$LOGS/samples.log" | cut -c1-100)
-  else
-    STATUS[samples]=FAIL; DETAIL[samples]="rc $? (see samples.log)"
-  fi
-  tail -n 3 "$LOGS/samples.log"
-else
-  STATUS[samples]=skipped
-fi
-
-# Where a GPU step's time goes: a Kineto profile of 2 steps of Wan 2.1 1.3B at 8,190 tokens
-# (train.profile_steps; diagnose/profile.h): matmul / attention / elementwise / communication /
-# idle on the GPU, and the trace with CUDA kernels (profile/rank0.json, copied to the logs).
-if [[ -x "$BUILD/vidit" ]] && (($(left) >= 100)); then
-  say "vidit train with train.profile_steps=2 (Wan 2.1 1.3B, 8,190 tokens)"
-  P_OUT="$BUILD/gpu_profile_run"
-  rm -rf "$P_OUT"
-  if timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
-      --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.profile_steps=2 \
-      --set train.ckpt_every=0 --set train.ema_decay=0 --set train.out_dir="$P_OUT" >"$LOGS/profile.log" 2>&1; then
-    STATUS[profile]=ok
-    DETAIL[profile]=$(grep -E '^profile of steps' "$LOGS/profile.log" | sed 's/; trace in.*//')
-    gzip -c "$P_OUT/profile/rank0.json" >"$LOGS/profile_rank0.json.gz" 2>/dev/null || true
-  else
-    STATUS[profile]=FAIL; DETAIL[profile]="rc $? (see profile.log)"
-  fi
-  grep -E '^profile of steps' "$LOGS/profile.log" || tail -n 5 "$LOGS/profile.log"
-else
-  STATUS[profile]=skipped
 fi
 
 summary

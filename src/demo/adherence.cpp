@@ -17,10 +17,10 @@ ClipAnalysis analyse_clip(const at::Tensor& frames_in) {
   at::Tensor f = frames_in.to(at::kFloat);  // [T, H, W, 3]
   const int64_t T = f.size(0), H = f.size(1), W = f.size(2);
   at::Tensor mask = std::get<0>(f.max(-1)) > 90.0f;  // [T, H, W]
-  at::Tensor count = mask.sum({1, 2}).to(at::kFloat);  // [T]
+  at::Tensor count = mask.sum(at::IntArrayRef{1, 2}).to(at::kFloat);  // [T]
   at::Tensor ys = at::arange(H, at::kFloat).view({1, H, 1}), xs = at::arange(W, at::kFloat).view({1, 1, W});
   at::Tensor mf = mask.to(at::kFloat);
-  at::Tensor cx = (mf * xs).sum({1, 2}) / count.clamp_min(1), cy = (mf * ys).sum({1, 2}) / count.clamp_min(1);
+  at::Tensor cx = (mf * xs).sum(at::IntArrayRef{1, 2}) / count.clamp_min(1), cy = (mf * ys).sum(at::IntArrayRef{1, 2}) / count.clamp_min(1);
 
   ClipAnalysis a;
   std::vector<double> t_ok, x_ok, y_ok;

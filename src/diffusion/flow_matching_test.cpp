@@ -45,7 +45,7 @@ TEST(FlowMatching, TextDropout) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
   at::Tensor text = at::ones({1000, 2, 3}), null = at::zeros({2, 3});
   at::Tensor out = drop_text(text, null, 0.3, gen);
-  const double dropped = (out.sum({1, 2}) == 0).to(at::kFloat).mean().item<double>();
+  const double dropped = (out.sum(at::IntArrayRef{1, 2}) == 0).to(at::kFloat).mean().item<double>();
   EXPECT_NEAR(dropped, 0.3, 0.05);
   EXPECT_TRUE(at::equal(drop_text(text, null, 0.0, gen), text));
 }
@@ -72,7 +72,7 @@ TEST(EulerSampler, IntegratesLinearFieldToData) {
 TEST(EulerSampler, ClassifierFreeGuidanceMixesBranches) {
   // v_text = 1, v_null = 0 everywhere: guided velocity is cfg_scale; x(0) = x1 - cfg_scale.
   auto field = [&](const at::Tensor& x, const at::Tensor&, const at::Tensor& text) {
-    return text.sum({1, 2}).view({-1, 1}).expand_as(x).to(x.scalar_type());
+    return text.sum(at::IntArrayRef{1, 2}).view({-1, 1}).expand_as(x).to(x.scalar_type());
   };
   at::Tensor x1 = at::zeros({2, 5}, at::kDouble);
   at::Tensor text = at::ones({2, 1, 1}), null = at::zeros({1, 1});

@@ -132,8 +132,8 @@ struct ResidualLayerNormFn : public torch::autograd::Function<ResidualLayerNormF
         if (bias.defined()) n = n + bias;
         grad_scale = (g_out * n).sum(1, /*keepdim=*/true);
       }
-      if (ctx->needs_input_grad(3) && weight.defined()) grad_weight = (gm * xhat).sum({0, 1});
-      if (ctx->needs_input_grad(4) && bias.defined()) grad_bias = gm.sum({0, 1});
+      if (ctx->needs_input_grad(3) && weight.defined()) grad_weight = (gm * xhat).sum(at::IntArrayRef{0, 1});
+      if (ctx->needs_input_grad(4) && bias.defined()) grad_bias = gm.sum(at::IntArrayRef{0, 1});
       if (need_r) {
         const at::Tensor gxh = weight.defined() ? gm * weight : gm;
         const at::Tensor c1 = gxh.mean(-1, /*keepdim=*/true);

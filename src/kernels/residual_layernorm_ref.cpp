@@ -122,8 +122,8 @@ ResidualNormGrads residual_layernorm_backward_reference(
   ResidualNormGrads g;
   g.shift = go.sum(1, /*keepdim=*/true);
   g.scale = (go * (xhat * W + Bi)).sum(1, /*keepdim=*/true);
-  g.weight = (go * m * xhat).sum({0, 1});
-  g.bias = (go * m).sum({0, 1});
+  g.weight = (go * m * xhat).sum(at::IntArrayRef{0, 1});
+  g.bias = (go * m).sum(at::IntArrayRef{0, 1});
   const at::Tensor gxh = go * W * m;
   const at::Tensor total =
       gr + rstd * (gxh - gxh.mean(-1, true) - xhat * (gxh * xhat).mean(-1, true));

@@ -84,7 +84,7 @@ TEST(PrepareClips, LongVideosAreCutIntoClipsThatCrossNoSceneCut) {
     EXPECT_EQ(e.bucket, "9x40x56");
     // The latents decode to the scene's colour: red, green or blue dominant in every frame.
     const at::Tensor frames = demo::codec_decode(cache.load(i).mean, 2).to(at::kFloat);  // [T, H, W, 3]
-    const at::Tensor rgb = frames.mean({0, 1, 2});
+    const at::Tensor rgb = frames.mean(at::IntArrayRef{0, 1, 2});
     const int64_t want = a < 6 ? 0 : a < 14 ? 1 : 2;
     EXPECT_EQ(rgb.argmax().item<int64_t>(), want) << "clip [" << a << ", " << b << ") has mean colour " << rgb;
     EXPECT_GT(rgb[want].item<float>(), 100.f);

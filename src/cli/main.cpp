@@ -679,9 +679,15 @@ int cmd_demo(const CommonOpts& o, bool resume) {
   const auto& p = cfg.parallel;
   if (p.replicate * p.shard * p.ulysses * p.ring * p.tensor == 1) cfg.parallel.replicate = env.world;
   validate_mesh(cfg, env.world);
+  // The demo's model is too small for intra-op threads to pay (its step is faster on one thread
+  // than on two), and one thread makes its result the same on every machine whatever its core
+  // count: train.threads = 0 ("every core") means 1 here.
+  const bool one_thread = cfg.train.threads == 0;
+  if (one_thread) cfg.train.threads = 1;
   auto mesh = std::make_shared<Mesh>(cfg, make_world_comm(env));
   if (mesh->rank() == 0) {
     std::printf("vidit demo: %s\n", format_info(cfg, model_info(cfg)).c_str());
+    if (one_thread) std::printf("training on one CPU thread per process (--set train.threads=N for N)\n");
     if (mesh->size() > 1)
       std::printf("distributed: %d processes, data parallel over %d (parameters sharded over %d), tokens split over "
                   "%d, heads split over %d\n",

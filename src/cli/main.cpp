@@ -483,7 +483,7 @@ int cmd_sample(const CommonOpts& o, const SampleArgs& a) {
     checkpoint = *latest;
   }
   const CheckpointWeights s = read_checkpoint_weights(checkpoint, a.use_ema);
-  DiT model(cfg.model);
+  DiT model = dit_without_storage(cfg.model, at::kCPU);
   const bool ema = s.ema;
   load_state_dict(*model, s.weights, checkpoint + (ema ? "/ema.safetensors" : "/model.safetensors"));
   VIDIT_CHECK(cfg.data.source == DataSource::demo, "vidit sample: text prompts need a text encoder: the demo's "

@@ -318,6 +318,8 @@ void validate_config(const Config& c) {
       fail(f, ": '", section, ".", name, "' must be ", must, got.str(), "; ", section, ".", name, ": ", doc);
     }
   });
+  VIDIT_CHECK(c.train.ckpt_snapshots <= 2, f, ": train.ckpt_snapshots must be 0, 1 or 2 (got ", c.train.ckpt_snapshots,
+              "): a save snapshots into one set while at most one earlier save is written from the other");
   const auto& m = c.model;
   VIDIT_CHECK(m.dim % m.heads == 0, f, ": model.dim (", m.dim, ") must be divisible by model.heads (", m.heads,
               "); e.g. set model.heads to a divisor of ", m.dim);

@@ -202,7 +202,15 @@ using StrList = std::vector<std::string>;
       "also checkpoint when this many minutes passed since the last save (rank 0's clock); 0: off")    \
   KEY(bool, ckpt_async, true, any,                                                                     \
       "training pauses only to copy its state to host memory; a background thread writes it")          \
+  KEY(int64_t, ckpt_snapshots, 2, non_negative,                                                        \
+      "sets of host buffers for this rank's part of the state, allocated and touched when training "      \
+      "starts (pinned on a GPU): 2, a save may start while the previous one is written; 1, a save first "  \
+      "waits for the previous one; 0, none: each save is written from the live state before training "    \
+      "goes on (train.ckpt_async has no effect)")                                                          \
   KEY(double, ckpt_timeout_s, 1800.0, positive, "a save whose parts are not all written by then fails") \
+  KEY(double, host_memory_gb, 0.0, non_negative,                                                       \
+      "host memory of a node the run may use, GB; 0: the node's MemTotal. A run whose memory plan "       \
+      "(vidit plan: its ranks on the node x each one's peak phase) needs more is refused at start")     \
   KEY(int64_t, ckpt_failures_max, 3, positive, "consecutive failed saves after which the run stops")   \
   KEY(SpikeAction, spike_action, SpikeAction::log, any,                                               \
       "a step whose loss (against a baseline per sigma bin) or gradient norm is train.spike_z spreads "    \

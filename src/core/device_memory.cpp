@@ -1,5 +1,8 @@
 #include "core/device_memory.h"
 
+#include <fstream>
+#include <string>
+
 #include <malloc.h>
 
 namespace vidit {
@@ -13,6 +16,13 @@ int64_t cuda_allocated_bytes(int) { return 0; }
 int64_t host_heap_bytes() {
   const struct mallinfo2 m = mallinfo2();
   return int64_t(m.uordblks + m.hblkhd);
+}
+
+int64_t host_total_bytes() {
+  std::ifstream f("/proc/meminfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("MemTotal:", 0) == 0) return int64_t(std::stod(line.substr(9))) * 1024;  // kB
+  return -1;
 }
 
 }  // namespace vidit

@@ -15,5 +15,7 @@ int64_t cuda_allocated_bytes(int index);
 // Bytes the process's heap has handed out now (glibc: arena chunks in use plus mmapped blocks);
 // LibTorch's CPU tensors come from it.
 int64_t host_heap_bytes();
+// The host's physical memory (MemTotal of /proc/meminfo), bytes; -1 when it cannot be read.
+int64_t host_total_bytes();
 
 }  // namespace vidit

@@ -116,7 +116,7 @@ std::pair<int, int> check_prompts(DiT& model, const Config& cfg, bool held, cons
 // The weights the demo samples with: the EMA when there is one (whole tensors: collective when
 // the trainer shards them).
 DiT sampling_model(Trainer& trainer, const Config& cfg) {
-  DiT model(cfg.model);
+  DiT model = dit_without_storage(cfg.model, at::kCPU);
   load_state_dict(*model, trainer.sampling_weights(), "trained weights");
   return model;
 }

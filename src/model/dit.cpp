@@ -1,11 +1,13 @@
 #include "model/dit.h"
 
-#include <torch/nn/init.h>
 #include <torch/nn/modules/activation.h>
 
 #include "core/error.h"
 #include "core/trace.h"
 #include "kernels/residual_layernorm.h"
+#include "core/unallocated.h"
+#include "model/init.h"
+#include "model/param_storage.h"
 #include "model/recompute.h"
 #include "model/rope.h"
 
@@ -22,11 +24,11 @@ at::Tensor sinusoidal_embedding(const at::Tensor& t, int64_t dim) {
 DiTBlockImpl::DiTBlockImpl(const ModelConfig& c) : eps(c.eps) {
   self_attn = register_module("self_attn", SelfAttention(c.dim, c.heads, c.eps));
   cross_attn = register_module("cross_attn", CrossAttention(c.dim, c.heads, c.eps));
-  norm3 = register_module("norm3", nn::LayerNorm(nn::LayerNormOptions({c.dim}).eps(c.eps)));
-  fc1 = nn::Linear(c.dim, c.ffn_dim);
-  fc2 = nn::Linear(c.ffn_dim, c.dim);
+  norm3 = register_module("norm3", LayerNorm(c.dim, c.eps));
+  fc1 = Linear(c.dim, c.ffn_dim);
+  fc2 = Linear(c.ffn_dim, c.dim);
   ffn = register_module("ffn", nn::Sequential(fc1, nn::GELU(nn::GELUOptions().approximate("tanh")), fc2));
-  modulation = register_parameter("modulation", at::zeros({1, 6, c.dim}));
+  modulation = register_parameter("modulation", new_parameter({1, 6, c.dim}, [](at::Tensor& t) { t.zero_(); }));
 }
 
 at::Tensor DiTBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& e0,
@@ -86,10 +88,19 @@ at::Tensor DiTBlockImpl::mlp(const at::Tensor& x) {
   return ffn_split.out(fc2, at::gelu(project(linear_fn, fc1, ffn_split.in(x)), "tanh"), linear_fn);
 }
 
+PatchEmbeddingImpl::PatchEmbeddingImpl(int64_t in_channels, int64_t dim, std::array<int64_t, 3> p) : patch(p) {
+  const int64_t fan_in = in_channels * p[0] * p[1] * p[2];
+  weight = register_parameter("weight", new_parameter({dim, in_channels, p[0], p[1], p[2]}, fill_kaiming_weight));
+  bias = register_parameter("bias", new_parameter({dim}, fill_fan_in_bias(fan_in)));
+}
+
+at::Tensor PatchEmbeddingImpl::forward(const at::Tensor& x) {
+  return at::conv3d(x, weight, bias, {patch[0], patch[1], patch[2]});
+}
+
 HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {
-  head = register_module("head",
-                         nn::Linear(c.dim, c.out_channels * c.patch[0] * c.patch[1] * c.patch[2]));
-  modulation = register_parameter("modulation", at::zeros({1, 2, c.dim}));
+  head = register_module("head", Linear(c.dim, c.out_channels * c.patch[0] * c.patch[1] * c.patch[2]));
+  modulation = register_parameter("modulation", new_parameter({1, 2, c.dim}, [](at::Tensor& t) { t.zero_(); }));
 }
 
 at::Tensor HeadImpl::forward(const at::Tensor& x, const at::Tensor& e) {
@@ -98,43 +109,33 @@ at::Tensor HeadImpl::forward(const at::Tensor& x, const at::Tensor& e) {
 }
 
 DiTImpl::DiTImpl(const ModelConfig& c) : cfg(c) {
-  patch_embedding = register_module(
-      "patch_embedding",
-      nn::Conv3d(nn::Conv3dOptions(c.in_channels, c.dim, {c.patch[0], c.patch[1], c.patch[2]})
-                     .stride({c.patch[0], c.patch[1], c.patch[2]})));
+  patch_embedding =
+      register_module("patch_embedding", PatchEmbedding(c.in_channels, c.dim, std::array<int64_t, 3>{c.patch[0], c.patch[1], c.patch[2]}));
   text_embedding = register_module(
-      "text_embedding", nn::Sequential(nn::Linear(c.text_dim, c.dim),
-                                       nn::GELU(nn::GELUOptions().approximate("tanh")),
-                                       nn::Linear(c.dim, c.dim)));
-  time_embedding = register_module(
-      "time_embedding", nn::Sequential(nn::Linear(c.freq_dim, c.dim), nn::SiLU(), nn::Linear(c.dim, c.dim)));
-  time_projection =
-      register_module("time_projection", nn::Sequential(nn::SiLU(), nn::Linear(c.dim, 6 * c.dim)));
+      "text_embedding",
+      nn::Sequential(Linear(c.text_dim, c.dim), nn::GELU(nn::GELUOptions().approximate("tanh")), Linear(c.dim, c.dim)));
+  time_embedding =
+      register_module("time_embedding", nn::Sequential(Linear(c.freq_dim, c.dim), nn::SiLU(), Linear(c.dim, c.dim)));
+  time_projection = register_module("time_projection", nn::Sequential(nn::SiLU(), Linear(c.dim, 6 * c.dim)));
   blocks = register_module("blocks", nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(DiTBlock(c));
   head = register_module("head", Head(c));
 }
 
-void DiTImpl::init_weights() {
+void DiTImpl::init_weights(uint64_t seed) {
   torch::NoGradGuard ng;
-  for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<nn::Linear>()) {
-      nn::init::xavier_uniform_(lin->weight);
-      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
-    }
+  for (auto& item : named_parameters(true)) {
+    const at::Tensor& p = item.value();
+    allocate(p);
+    fill_initial(p.variable_data(), wan_init_rule(item.key(), p.sizes(), cfg), seed, item.key(), whole_region(p.sizes()));
   }
-  at::Tensor w = patch_embedding->weight;  // xavier on the flattened [out, in*kt*kh*kw] view
-  w.copy_(nn::init::xavier_uniform_(w.new_empty({w.size(0), w[0].numel()})).view(w.sizes()));
-  nn::init::zeros_(patch_embedding->bias);
-  for (auto* seq : {&text_embedding, &time_embedding})
-    for (auto& m : (*seq)->modules(false))
-      if (auto* lin = m->as<nn::Linear>()) nn::init::normal_(lin->weight, 0.0, 0.02);
-  for (auto& b : *blocks) {
-    auto blk = b->as<DiTBlockImpl>();
-    blk->modulation.copy_(at::randn_like(blk->modulation) / std::sqrt(double(cfg.dim)));
-  }
-  head->modulation.copy_(at::randn_like(head->modulation) / std::sqrt(double(cfg.dim)));
-  nn::init::zeros_(head->head->weight);
+}
+
+void DiTImpl::init_weights() { init_weights(uint64_t(at::randint(int64_t(1) << 62, {1}, at::kLong).item<int64_t>())); }
+
+DiT dit_without_storage(const ModelConfig& cfg, at::Device device) {
+  const BuildWithoutStorage without_storage(device);
+  return DiT(cfg);
 }
 
 at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) {

@@ -12,9 +12,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/conv.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 
 #include "core/config.h"
 #include "model/layers.h"
@@ -35,24 +32,34 @@ struct DiTBlockImpl : torch::nn::Module {
   double eps;
   SelfAttention self_attn{nullptr};
   CrossAttention cross_attn{nullptr};
-  torch::nn::LayerNorm norm3{nullptr};
+  LayerNorm norm3{nullptr};
   // The MLP: Linear fc1 (dim -> ffn_dim), GELU-tanh, Linear fc2 (ffn_dim -> dim); registered
   // as the Sequential "ffn" (keys ffn.0, ffn.2), called through fc1 / fc2.
   at::Tensor mlp(const at::Tensor& x);
   torch::nn::Sequential ffn{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  Linear fc1{nullptr}, fc2{nullptr};
   FeatureSplit ffn_split;  // empty: every MLP hidden unit in this process
   LinearFn linear_fn;      // the MLP's projections; empty: at::linear
   at::Tensor modulation;  // [1, 6, dim]
 };
 TORCH_MODULE(DiTBlock);
 
+// The patch embedding: a Conv3d with kernel = stride = the patch, weight [dim, C_in, pt, ph, pw],
+// bias [dim] (LibTorch's Conv3d default fill, in its order; parameters from new_parameter()).
+struct PatchEmbeddingImpl : torch::nn::Module {
+  PatchEmbeddingImpl(int64_t in_channels, int64_t dim, std::array<int64_t, 3> patch);
+  at::Tensor forward(const at::Tensor& x);  // [B, C_in, T, H, W] -> [B, dim, T/pt, H/ph, W/pw]
+  at::Tensor weight, bias;
+  std::array<int64_t, 3> patch;
+};
+TORCH_MODULE(PatchEmbedding);
+
 struct HeadImpl : torch::nn::Module {
   HeadImpl(const ModelConfig& cfg);
   // x [B, L, dim], e [B, dim] -> [B, L, out_channels * pt * ph * pw]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& e);
   double eps;
-  torch::nn::Linear head{nullptr};
+  Linear head{nullptr};
   at::Tensor modulation;  // [1, 2, dim]
 };
 TORCH_MODULE(Head);
@@ -79,11 +86,14 @@ struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const ModelConfig& cfg);
   // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text);
-  // Wan's initialisation, drawn from the global torch generator (seed it first).
+  // Wan's initialisation (model/init.h): every parameter from `seed` alone, so that a rank that
+  // initialises only its part of a parameter (parallel/parallel_model.h) gets exactly the values
+  // these give. Without a seed, one is drawn from the global torch generator (seed it first).
+  void init_weights(uint64_t seed);
   void init_weights();
 
   ModelConfig cfg;
-  torch::nn::Conv3d patch_embedding{nullptr};
+  PatchEmbedding patch_embedding{nullptr};
   torch::nn::Sequential text_embedding{nullptr}, time_embedding{nullptr}, time_projection{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   Head head{nullptr};
@@ -96,6 +106,12 @@ struct DiTImpl : torch::nn::Module {
   int64_t selective_blocks = 0;
 };
 TORCH_MODULE(DiT);
+
+// The DiT's parameters as shapes on `device` with no memory (model/param_storage.h): what
+// parallelize() cuts before each rank fills its part (ParallelModel::init_parts), and what
+// load_state_dict() fills a tensor at a time (straight onto the device, without a first copy on the
+// host), or init_weights(seed) fills whole.
+DiT dit_without_storage(const ModelConfig& cfg, at::Device device);
 
 // Sinusoidal embedding of t [B] into [B, dim]: cat(cos(t*f), sin(t*f)), f_j = 10000^(-j/(dim/2)).
 at::Tensor sinusoidal_embedding(const at::Tensor& t, int64_t dim);

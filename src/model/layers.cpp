@@ -3,12 +3,27 @@
 #include "kernels/layernorm_modulate.h"
 #include "kernels/qk_norm_rope.h"
 #include "kernels/rmsnorm_cpu.h"
+#include "model/param_storage.h"
 #include "model/rope.h"
 
 namespace vidit {
 
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", new_parameter({out, in}, fill_kaiming_weight));
+  if (with_bias) bias = register_parameter("bias", new_parameter({out}, fill_fan_in_bias(in)));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", new_parameter({dim}, [](at::Tensor& t) { t.fill_(1); }));
+  bias = register_parameter("bias", new_parameter({dim}, [](at::Tensor& t) { t.zero_(); }));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) { return at::layer_norm(x, {x.size(-1)}, weight, bias, eps); }
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", at::ones({dim}));
+  weight = register_parameter("weight", new_parameter({dim}, [](at::Tensor& t) { t.fill_(1); }));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -17,11 +32,11 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return xf * at::rsqrt(mean_square(xf) + eps) * fp32(weight);
 }
 
-at::Tensor project(const LinearFn& fn, torch::nn::Linear proj, const at::Tensor& x) {
+at::Tensor project(const LinearFn& fn, Linear proj, const at::Tensor& x) {
   return fn ? fn(x, proj->weight, proj->bias) : proj->forward(x);
 }
 
-at::Tensor FeatureSplit::out(const torch::nn::Linear& proj, const at::Tensor& y, const LinearFn& fn) const {
+at::Tensor FeatureSplit::out(const Linear& proj, const at::Tensor& y, const LinearFn& fn) const {
   if (!combine) return project(fn, proj, y);
   return combine(fn ? fn(y, proj->weight, at::Tensor()) : at::linear(y, proj->weight)) + proj->bias;
 }
@@ -44,10 +59,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
-  q = register_module("q", torch::nn::Linear(dim, dim));
-  k = register_module("k", torch::nn::Linear(dim, dim));
-  v = register_module("v", torch::nn::Linear(dim, dim));
-  o = register_module("o", torch::nn::Linear(dim, dim));
+  q = register_module("q", Linear(dim, dim));
+  k = register_module("k", Linear(dim, dim));
+  v = register_module("v", Linear(dim, dim));
+  o = register_module("o", Linear(dim, dim));
   norm_q = register_module("norm_q", RMSNorm(dim, eps));
   norm_k = register_module("norm_k", RMSNorm(dim, eps));
 }
@@ -80,10 +95,10 @@ at::Tensor SelfAttentionImpl::attend(const at::Tensor& qh, const at::Tensor& kh,
 at::Tensor SelfAttentionImpl::out(const at::Tensor& a) { return split.out(o, a, linear_fn); }
 
 CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
-  q = register_module("q", torch::nn::Linear(dim, dim));
-  k = register_module("k", torch::nn::Linear(dim, dim));
-  v = register_module("v", torch::nn::Linear(dim, dim));
-  o = register_module("o", torch::nn::Linear(dim, dim));
+  q = register_module("q", Linear(dim, dim));
+  k = register_module("k", Linear(dim, dim));
+  v = register_module("v", Linear(dim, dim));
+  o = register_module("o", Linear(dim, dim));
   norm_q = register_module("norm_q", RMSNorm(dim, eps));
   norm_k = register_module("norm_k", RMSNorm(dim, eps));
 }

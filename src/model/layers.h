@@ -3,7 +3,7 @@
 #pragma once
 #include <functional>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
 
 namespace vidit {
 
@@ -11,6 +11,25 @@ namespace vidit {
 inline at::Tensor fp32(const at::Tensor& x) {
   return at::isReducedFloatingType(x.scalar_type()) ? x.to(at::kFloat) : x;
 }
+
+// y = x W^T + b: W [out, in], b [out] (or none). Like Linear (the same default fill,
+// drawn in the same order), but its parameters come from new_parameter() (model/param_storage.h),
+// so the model can be described without memory.
+struct LinearImpl : torch::nn::Module {
+  LinearImpl(int64_t in, int64_t out, bool bias = true);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Linear);
+
+// LayerNorm over the last dim with a learned weight (ones) and bias (zeros), [dim] each.
+struct LayerNormImpl : torch::nn::Module {
+  LayerNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
 
 // RMSNorm over the last dim with a learned scale `weight` [dim]; computed in fp32.
 struct RMSNormImpl : torch::nn::Module {
@@ -36,7 +55,7 @@ at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, cons
 using LinearFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias)>;
 
 // proj(x) through `fn` when one is set.
-at::Tensor project(const LinearFn& fn, torch::nn::Linear proj, const at::Tensor& x);
+at::Tensor project(const LinearFn& fn, Linear proj, const at::Tensor& x);
 
 // How a run that splits each layer's features (attention heads, MLP hidden units) over
 // processes plugs into the model (parallel/tensor_parallel.h); the model only calls these, and in
@@ -53,7 +72,7 @@ struct FeatureSplit {
 
   at::Tensor in(const at::Tensor& x) const { return enter ? enter(x) : x; }
   // out(y): the bias is added once, after the partial products are summed.
-  at::Tensor out(const torch::nn::Linear& proj, const at::Tensor& y, const LinearFn& fn = {}) const;
+  at::Tensor out(const Linear& proj, const at::Tensor& y, const LinearFn& fn = {}) const;
 };
 
 // Scaled dot-product attention over [B, L, heads, head_dim] tensors (returns [B, Lq, heads*hd]).
@@ -76,7 +95,7 @@ struct SelfAttentionImpl : torch::nn::Module {
   AttentionFn attention_fn;  // empty: attention()
   FeatureSplit split;        // empty: every head in this process
   LinearFn linear_fn;        // empty: at::linear
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };
 TORCH_MODULE(SelfAttention);
@@ -89,7 +108,7 @@ struct CrossAttentionImpl : torch::nn::Module {
   int64_t heads;       // in this process
   FeatureSplit split;  // empty: every head in this process
   LinearFn linear_fn;  // empty: at::linear
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
 };
 TORCH_MODULE(CrossAttention);

@@ -24,7 +24,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // it is multiplied through.
 struct Projection {
   std::string name;
-  torch::nn::Linear proj;
+  Linear proj;
   LinearFn* slot;
 };
 std::vector<Projection> projections(DiTImpl& model) {
@@ -34,7 +34,7 @@ std::vector<Projection> projections(DiTImpl& model) {
     const std::string p = "blocks." + std::to_string(i) + ".";
     auto& sa = *b.self_attn;
     auto& ca = *b.cross_attn;
-    using Named = std::pair<const char*, torch::nn::Linear>;
+    using Named = std::pair<const char*, Linear>;
     for (const Named& n : {Named{"q", sa.q}, Named{"k", sa.k}, Named{"v", sa.v}, Named{"o", sa.o}})
       out.push_back({p + "self_attn." + n.first, n.second, &sa.linear_fn});
     for (const Named& n : {Named{"q", ca.q}, Named{"k", ca.k}, Named{"v", ca.v}, Named{"o", ca.o}})

@@ -1,5 +1,7 @@
 #include "model/state_dict.h"
 
+#include "core/unallocated.h"
+
 #include <sstream>
 
 #include "core/error.h"
@@ -48,7 +50,10 @@ void load_state_dict(torch::nn::Module& module, const TensorMap& tensors, const 
   for (const auto& item : module.named_parameters(true)) expected[item.key()] = item.value();
   check_state_dict(expected, tensors, source);
   torch::NoGradGuard ng;
-  for (auto& [key, p] : expected) p.copy_(tensors.at(key));
+  for (auto& [key, p] : expected) {
+    allocate(p);  // a model built without storage gets its memory one tensor at a time
+    p.copy_(tensors.at(key));
+  }
 }
 
 TensorMap read_weights(const std::string& path) { return read_transformer_weights(path); }

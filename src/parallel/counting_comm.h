@@ -37,6 +37,10 @@ class CountingComm : public ForwardingComm {
     add("all_to_all", spread(double(in.nbytes())));
     return ForwardingComm::all_to_all(in, out);
   }
+  WorkPtr broadcast(at::Tensor& t, int root) override {
+    add("broadcast", rank() == root ? double(t.nbytes()) : 0.0);
+    return ForwardingComm::broadcast(t, root);
+  }
   WorkPtr send(const at::Tensor& t, int dst, int tag) override {
     add("send", double(t.nbytes()));
     return ForwardingComm::send(t, dst, tag);

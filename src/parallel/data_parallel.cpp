@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/error.h"
+#include "core/unallocated.h"
 
 namespace vidit {
 namespace {
@@ -31,7 +32,9 @@ DataParallel::DataParallel(std::vector<at::Tensor> params, std::shared_ptr<Comm>
                   "data parallel: parameters must be contiguous leaf tensors that require grad (one of shape ",
                   p.sizes(), " is", p.is_leaf() ? "" : " not a leaf,", p.requires_grad() ? "" : " frozen,",
                   p.is_contiguous() ? "" : " not contiguous", ")");
-      dp_->broadcast(p, 0)->wait();
+      // Weights built without storage are initialised alike on every member afterwards
+      // (ParallelModel::init_parts, or one file read by all): nothing to send.
+      if (!is_unallocated(p)) dp_->broadcast(p, 0)->wait();
     }
   }
   // Reverse registration order: the last layers' gradients are final first.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/unallocated.h"
 #include "core/trace.h"
 #include "model/fp8.h"
 
@@ -25,23 +26,6 @@ class GradReadyHook : public torch::autograd::PostAccumulateGradHook {
  private:
   std::function<void()> f_;
 };
-
-// A parameter's memory is released and refilled in place: its tensor (held by autograd for
-// backward) keeps its storage object, whose bytes come and go.
-void free_storage(const at::Tensor& p) {
-  c10::StorageImpl* s = p.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
-  s->set_nbytes(0);
-}
-
-void alloc_storage(const at::Tensor& p) {
-  const c10::OptionalDeviceGuard on(p.device());  // the allocator allocates on the current device
-  c10::StorageImpl* s = p.storage().unsafeGetStorageImpl();
-  const size_t bytes = size_t(p.numel()) * p.element_size();
-  if (s->nbytes() == bytes) return;
-  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
-  s->set_nbytes(bytes);
-}
 
 int unit_index(const std::string& name) {
   // "blocks.<i>.<rest>" belongs to block i's unit; everything else to the root.
@@ -75,16 +59,24 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
       prefetch_(cfg.prefetch),
       gather_(gather) {
   at::NoGradGuard no_grad;
+  int without_storage = 0;
   for (auto& item : model.named_parameters(true)) {
-    VIDIT_CHECK(item.value().is_contiguous() && item.value().storage_offset() == 0 &&
-                    item.value().storage().nbytes() == size_t(item.value().nbytes()),
+    const at::Tensor& p = item.value();
+    without_storage += is_unallocated(p);
+    VIDIT_CHECK(p.is_contiguous() && p.storage_offset() == 0 &&
+                    (is_unallocated(p) || p.storage().nbytes() == size_t(p.nbytes())),
                 "FSDP: parameter ", item.key(), " must own its contiguous storage");
     names_.push_back(item.key());
-    params_.push_back(item.value());
+    params_.push_back(p);
   }
-  // Every member starts from the weights of its dpsp group's rank 0 (the members of a tensor
-  // group hold different parts).
-  for (auto& p : params_) mesh.group("dpsp")->broadcast(p, 0)->wait();
+  VIDIT_CHECK(without_storage == 0 || without_storage == int(params_.size()), "FSDP: ", without_storage, " of the ",
+              params_.size(), " parameters have no memory; a model is either built without storage or with it");
+  // A model with weights: every member starts from those of its dpsp group's rank 0 (the members
+  // of a tensor group hold different parts). A model built without storage sends nothing: each
+  // member's shards are filled afterwards (ParallelModel::init_parts or its part of a file).
+  const bool whole_weights = without_storage == 0;
+  if (whole_weights)
+    for (auto& p : params_) mesh.group("dpsp")->broadcast(p, 0)->wait();
 
   units_.resize(1 + model.blocks->size());
   unit_of_.resize(params_.size());
@@ -102,14 +94,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
     u.wire_offset.push_back(u.wire_bytes);
     u.wire_bytes += round_up4(chunk * (fp8 ? 1 : int64_t(c10::elementSize(gather_.dtype))));
     unit_of_[i] = k;
-    at::Tensor flat = at::constant_pad_nd(p.detach().flatten(), {0, chunk * S_ - n});
-    at::Tensor shard = flat.narrow(0, rank_ * chunk, chunk).to(at::kFloat).clone().requires_grad_(true);
+    at::Tensor shard;
+    if (whole_weights) {
+      at::Tensor flat = at::constant_pad_nd(p.detach().flatten(), {0, chunk * S_ - n});
+      shard = flat.narrow(0, rank_ * chunk, chunk).to(at::kFloat).clone().requires_grad_(true);
+    } else {
+      shard = at::zeros({chunk}, p.options().dtype(at::kFloat)).requires_grad_(true);
+    }
     shard_map_[names_[i]] = shard;
     if (fp8) {
       Fp8Weight f;
       f.param = int(i);
-      f.copy = at::empty(p.sizes(), p.options().dtype(at::kFloat8_e4m3fn));
-      free_storage(f.copy);
+      f.copy = unallocated(p.sizes(), p.options().dtype(at::kFloat8_e4m3fn));
       f.shard = at::zeros({chunk}, shard.options().dtype(at::kByte));
       f.valid = std::clamp<int64_t>(n - rank_ * chunk, 0, chunk);
       f.start = rank_ * chunk;
@@ -119,7 +115,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(DiTImpl& model, const Mesh& m
   }
   units_[0].keep = true;  // the root is used before and after the blocks
   for (size_t k = 1; k < units_.size(); ++k) units_[k].keep = !cfg.reshard_after_forward;
-  for (auto& p : params_) free_storage(p);
+  for (auto& p : params_) vidit::release(p);
 
   for (size_t i = 0; i < params_.size(); ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(
@@ -268,7 +264,7 @@ void FullyShardedDataParallel::start_gather(Unit& u) {
       const int64_t bytes = u.chunk[j] * int64_t(c10::elementSize(gather_.dtype));
       in.narrow(0, u.wire_offset[j], bytes).view(gather_.dtype).copy_(shard_map_[names_[i]].detach());
     }
-    alloc_storage(gathered(i));
+    allocate(gathered(i));
     gathered_bytes_ += gathered(i).nbytes();
   }
   peak_gathered_ = std::max(peak_gathered_, gathered_bytes_);
@@ -313,7 +309,7 @@ void FullyShardedDataParallel::release(Unit& u) {
   if (!u.gathered) return;
   for (int i : u.params) {
     gathered_bytes_ -= gathered(i).nbytes();
-    free_storage(gathered(i));
+    vidit::release(gathered(i));
   }
   u.gathered = false;
 }

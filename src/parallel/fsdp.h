@@ -59,8 +59,11 @@ GatherOptions gather_options(const Config& cfg);
 
 class FullyShardedDataParallel : public GradientSync {
  public:
-  // Collective over the mesh: broadcasts the weights from dp rank 0, keeps this member's shards
-  // and frees the model's own parameter storage.
+  // Collective over the mesh. A model with weights: broadcasts them from dp rank 0, keeps this
+  // member's shards and frees the model's own parameter storage. A model built without storage
+  // (model/param_storage.h): sends nothing and leaves the shards zero, for the caller to fill
+  // (ParallelModel::init_parts, or this member's part of init_from); no member ever holds more
+  // than one unit's gathered weights.
   FullyShardedDataParallel(DiTImpl& model, const Mesh& mesh, const ParallelConfig& cfg, GatherOptions gather = {});
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;

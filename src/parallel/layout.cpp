@@ -75,6 +75,33 @@ at::Tensor local_part(const Layout& layout, const at::Tensor& whole, const Mesh&
   return cut_part(layout, whole, coords);
 }
 
+TensorRegion part_region(const Layout& layout, const std::vector<int>& coords) {
+  TensorRegion r = whole_region(layout.shape);
+  r.offset.assign(layout.shape.size(), 0);
+  r.length = layout.shape;
+  for (size_t i = 0; i < layout.cuts.size(); ++i) {
+    const Cut& c = layout.cuts[i];
+    VIDIT_CHECK(r.flat_count < 0, "layout: a cut after a Flat cut (over ", c.over, ") has no region");
+    if (c.kind == Cut::Kind::Split) {
+      const size_t d = size_t(c.dim);
+      r.length[d] /= c.degree;
+      r.offset[d] += coords[i] * r.length[d];
+    } else {
+      int64_t numel = 1;
+      for (int64_t n : r.length) numel *= n;
+      const int64_t chunk = (numel + c.degree - 1) / c.degree;
+      r.flat_start = coords[i] * chunk, r.flat_count = chunk;
+    }
+  }
+  return r;
+}
+
+TensorRegion local_region(const Layout& layout, const Mesh& mesh) {
+  std::vector<int> coords;
+  for (const Cut& c : layout.cuts) coords.push_back(mesh.coord(c.over));
+  return part_region(layout, coords);
+}
+
 at::Tensor join_parts(const Layout& layout, const std::vector<at::Tensor>& parts) {
   // Undo the cuts from the last: the parts differing only in the last coordinate are joined
   // first, and so on up to the whole tensor.

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "model/init.h"
 
 namespace vidit {
 
@@ -67,6 +68,11 @@ std::string state_param(const std::string& key, const Layouts& layouts);
 at::Tensor cut_part(const Layout& layout, const at::Tensor& whole, const std::vector<int>& coords);
 // This rank's part of a whole tensor (its coordinates in the cuts' groups).
 at::Tensor local_part(const Layout& layout, const at::Tensor& whole, const Mesh& mesh);
+// Which elements of the whole parameter the part at `coords` holds, from the shapes alone: what
+// a rank initialises without the rest (model/init.h). A Flat cut must be the last.
+TensorRegion part_region(const Layout& layout, const std::vector<int>& coords);
+// This rank's (its coordinates in the cuts' groups).
+TensorRegion local_region(const Layout& layout, const Mesh& mesh);
 // The whole tensor from `parts[i]` = the part at coordinates (i in row-major order over the
 // cuts' degrees): what a checkpoint's files hold.
 at::Tensor join_parts(const Layout& layout, const std::vector<at::Tensor>& parts);

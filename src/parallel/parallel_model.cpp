@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/unallocated.h"
+#include "model/init.h"
 
 namespace vidit {
 
@@ -31,6 +33,15 @@ void ParallelModel::add_cut(const std::string& name, const Cut& cut) {
   VIDIT_CHECK(std::find(std::begin(kMeshDims), std::end(kMeshDims), cut.over) != std::end(kMeshDims),
               "layout: '", name, "' is cut over '", cut.over, "', which is not a mesh dimension");
   it->second.cuts.push_back(cut);
+}
+
+void ParallelModel::init_parts(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : params_) {
+    const Layout& l = layouts_.at(name);
+    allocate(p);
+    fill_initial(p.variable_data(), wan_init_rule(name, l.shape, model_->cfg), seed, name, local_region(l, *mesh_));
+  }
 }
 
 void ParallelModel::before_backward(bool last) {

@@ -52,6 +52,13 @@ class ParallelModel {
   // Empty tensors (meta device) of every parameter's whole shape: checks and shape decisions.
   TensorMap whole_shapes() const;
 
+  // Build, parallelize, then allocate: gives this rank's part of every parameter memory where it
+  // has none (a model built without storage, model/param_storage.h) and Wan's initialisation for
+  // `seed` (model/init.h): exactly the values a one-process DiTImpl::init_weights(seed) gives
+  // those elements, computed for the part alone. Not collective. The parameters must be the
+  // model's own (a LoRA run initialises its base whole before apply_lora instead).
+  void init_parts(uint64_t seed);
+
   void before_backward(bool last);
   void after_backward(bool last);
   // Scales the gradients so the global norm is at most max_norm (0: no clipping); returns the

@@ -132,6 +132,24 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
     plan.optimizer = 8 * double(lora.adapter_params);
     plan.ema = cfg.train.ema_decay > 0 ? 4 * double(lora.adapter_params) : 0;
   }
+  // The phases around the step (plan.h).
+  double largest = 0, largest_part = 0;
+  for (const auto& [name, l] : planned_layouts(whole, p)) {
+    double n = 1, k = 1;
+    for (int64_t x : l.shape) n *= double(x);
+    for (int64_t x : l.local_shape()) k *= double(x);
+    largest = std::max(largest, 4 * n), largest_part = std::max(largest_part, k);
+  }
+  plan.largest_tensor = largest;
+  const double trained = plan.grads;  // fp32 bytes of what this rank trains (its parts, or the adapters)
+  plan.snapshots = double(cfg.train.ckpt_snapshots) * (trained + plan.optimizer + plan.ema);
+  // Filling a part: an fp64 buffer of at most 4 Mi values; from init_from, the part cut out of
+  // the mapped whole tensor (the whole tensor's pages are the file's, not the heap's).
+  const double fill = 8 * std::min<double>(largest_part, 4 << 20);
+  plan.construction = plan.weights + plan.optimizer + plan.ema + fill;
+  if (cfg.lora.rank > 0) plan.construction += 4 * double(plan.params) - (plan.weights - 4 * double(lora.adapter_params));
+  plan.resume = trained + plan.optimizer + plan.ema + largest;
+  plan.runtime = kRuntimeBytes;
   // Gathered weights fill the model's fp32 parameters, or e4m3 copies of the FP8 ones.
   const double block_held = 4 * (block - block_fp8) + block_fp8;
   plan.gathered = p.shard > 1 ? 4 * root + std::min<double>(2, m.layers) * block_held : 0;
@@ -223,7 +241,12 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
      << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered)
      << ", activations ~" << human(plan.activations)
      << (plan.measured_activations ? " (a block's, measured)" : " (estimate)") << "\n"
-     << "                total ~" << human(plan.memory()) << "\n";
+     << "                total ~" << human(plan.memory()) << "\n"
+     << "peak by phase   construction " << human(plan.construction_peak()) << ", step "
+     << human(plan.step_peak()) << ", resume " << human(plan.resume_peak()) << " per rank (runtime "
+     << human(plan.runtime) << ", checkpoint snapshots " << human(plan.snapshots) << " in "
+     << cfg.train.ckpt_snapshots << " set" << (cfg.train.ckpt_snapshots == 1 ? "" : "s")
+     << " of host memory: train.ckpt_snapshots; the largest whole tensor " << human(plan.largest_tensor) << ")\n";
   if (plan.lora_params > 0)
     os << "LoRA            " << plan.lora_params << " adapter parameters train (rank " << cfg.lora.rank
        << "); every other weight is frozen (grads, AdamW and EMA hold the adapters only)\n";

@@ -68,11 +68,35 @@ struct StepPlan {
   // Memory per rank, bytes.
   double weights = 0, grads = 0, optimizer = 0, ema = 0, gathered = 0, activations = 0;
   double memory() const { return weights + grads + optimizer + ema + gathered + activations; }
+  // The phases around the step, per rank, bytes (train/trainer.h builds the model without
+  // storage, parallelizes it, then fills each rank's part: model/param_storage.h):
+  //   construction  the rank's parts of the weights, AdamW and EMA, plus the transient of filling
+  //                 them (a bounded fp64 buffer, or one whole tensor cut from init_from's file);
+  //                 a LoRA run holds its frozen base whole in fp32 while it is stored in
+  //                 lora.base_dtype;
+  //   snapshots     host buffers for saves: train.ckpt_snapshots sets of the part this rank
+  //                 writes (weights, EMA, AdamW), allocated at construction, held all run;
+  //   resume        host, while a checkpoint is read: a staged copy of the rank's state (weights,
+  //                 EMA, AdamW) plus one whole tensor put together from the parts;
+  //   runtime       the process's own memory before any tensor (LibTorch, the communicator,
+  //                 thread stacks): kRuntimeBytes, measured.
+  double largest_tensor = 0;  // the largest whole parameter, fp32
+  double construction = 0, snapshots = 0, resume = 0, runtime = 0;
+  // Peak of each phase per rank on this device (the host when training on the CPU; on a GPU the
+  // device's figure, the host buffers being separate): construction, step (the above), save, resume.
+  double construction_peak() const { return runtime + construction + snapshots; }
+  double step_peak() const { return runtime + memory() + snapshots; }
+  double resume_peak() const { return runtime + weights + optimizer + ema + snapshots + resume; }
   // Bytes sent per rank per optimizer step, by collective ("all_reduce", "all_gather",
   // "reduce_scatter", "all_to_all", "send"), and by what they are for.
   std::map<std::string, double> by_collective, by_purpose;
   double comm() const;
 };
+
+// The resident memory of a training process before its model: LibTorch and its thread pools, the
+// communicator, the loader. Measured on the CPU build as the resident set of `vidit train` after
+// its mesh and loader are up (bench/bench_memory.cpp prints it on every run).
+constexpr double kRuntimeBytes = 330.0 * (1 << 20);
 
 // `measured`: a block's activations as measured (nullptr: the formula above).
 StepPlan plan_step(const Config& cfg, const BlockActivations* measured = nullptr);

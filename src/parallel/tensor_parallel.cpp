@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/unallocated.h"
 
 namespace vidit {
 namespace {
@@ -91,12 +92,19 @@ void apply_tensor_parallel(ParallelModel& pm, const ParallelConfig& cfg) {
   }
 
   // Keep this member's rows / columns; the tensors stay the model's (set_data), so modules,
-  // optimizers and hooks made later see the parts.
+  // optimizers and hooks made later see the parts. A model built without storage gets parts
+  // without storage.
   at::NoGradGuard no_grad;
   for (const auto& [name, p] : pm.params()) {
     for (const Cut& c : tensor_parallel_cuts(name, T)) {
       const int64_t n = p.size(c.dim) / T;
-      at::Tensor(p).set_data(p.narrow(c.dim, rank * n, n).clone());
+      if (is_unallocated(p)) {  // built without storage: the part's shape only (init_parts fills it)
+        std::vector<int64_t> shape = p.sizes().vec();
+        shape[size_t(c.dim)] = n;
+        at::Tensor(p).set_data(unallocated(shape, p.options()));
+      } else {
+        at::Tensor(p).set_data(p.narrow(c.dim, rank * n, n).clone());
+      }
       pm.add_cut(name, c);
     }
   }

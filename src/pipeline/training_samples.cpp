@@ -152,7 +152,7 @@ std::vector<at::Tensor> TrainingSamples::decode(const std::vector<at::Tensor>& l
 
 std::vector<std::string> TrainingSamples::write(const TensorMap& weights, int64_t step, TensorBoardWriter* tb) const {
   c10::InferenceMode inference;
-  DiT model(cfg_.model);
+  DiT model = dit_without_storage(cfg_.model, device_);
   load_state_dict(*model, weights, "the run's sampling weights");
   model->eval();
   model->to(device_);

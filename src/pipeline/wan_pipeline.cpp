@@ -152,7 +152,7 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     PhaseMeter meter("denoise", device);
     at::Tensor noise = at::randn(latent_shape(request, cfg.model),
                                  at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
-    DiT model(cfg.model);
+    DiT model = dit_without_storage(cfg.model, device);  // filled on the device, a tensor at a time
     if (!transformer.empty()) {
       load_state_dict(*model, transformer, "the given transformer weights");
     } else {

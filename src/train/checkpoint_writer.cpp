@@ -83,14 +83,32 @@ bool CheckpointWriter::finished() const {
   });
 }
 
+namespace {
+// A host buffer for `t` in `b` unless it already is one.
+bool ensure_buffer(const at::Tensor& t, at::Tensor& b) {
+  if (b.defined() && b.sizes() == t.sizes() && b.scalar_type() == t.scalar_type()) return false;
+  b = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(t.is_cuda()));
+  return true;
+}
+}  // namespace
+
+int64_t reserve_snapshot(const TensorMap& like, TensorMap& buffers) {
+  int64_t bytes = 0;
+  for (const auto& [key, t] : like) {
+    at::Tensor& b = buffers[key];
+    if (ensure_buffer(t, b)) b.zero_();  // every page touched now
+    bytes += b.nbytes();
+  }
+  return bytes;
+}
+
 TensorMap snapshot(const TensorMap& from, TensorMap& buffers) {
   TensorMap out;
   at::NoGradGuard ng;
   std::set<int> gpus;  // the devices copied from
   for (const auto& [key, t] : from) {
     at::Tensor& b = buffers[key];
-    if (!b.defined() || b.sizes() != t.sizes() || b.scalar_type() != t.scalar_type())
-      b = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(t.is_cuda()));
+    ensure_buffer(t, b);
     // From a GPU into pinned memory the copies are queued back to back on the stream, and one
     // wait below covers them all.
     b.copy_(t.detach(), /*non_blocking=*/t.is_cuda() && b.is_pinned());

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "core/unallocated.h"
 #include "model/dit.h"
 #include "model/lora.h"
 #include "model/state_dict.h"
@@ -45,10 +46,9 @@ CheckpointWeights read_checkpoint_weights(const std::string& from, bool use_ema)
   const std::string& base = w.config.train.init_from;
   TensorMap base_weights;
   if (base.empty()) {
-    // The trainer's own random init for the run's seed (train/trainer.cpp builds it the same way).
-    torch::manual_seed(w.config.train.seed);
-    DiT model(w.config.model);
-    model->init_weights();
+    // The trainer's own random init for the run's seed (model/init.h: the same values at any mesh).
+    DiT model = dit_without_storage(w.config.model, at::kCPU);
+    model->init_weights(uint64_t(w.config.train.seed));
     base_weights = state_dict(*model);
   } else {
     VIDIT_CHECK(fs::exists(base), w.checkpoint, " is a LoRA run on the base weights '", base,
@@ -105,7 +105,10 @@ InitWeights open_init_weights(const Config& cfg) {
 void load_init_parts(const ParallelModel& pm, const InitWeights& w) {
   check_state_dict(pm.whole_shapes(), w.weights, w.from);
   torch::NoGradGuard no_grad;
-  for (const auto& [name, p] : pm.params()) p.copy_(pm.local(name, w.weights.at(name)));
+  for (const auto& [name, p] : pm.params()) {
+    allocate(p);  // a part built without storage
+    p.copy_(pm.local(name, w.weights.at(name)));
+  }
 }
 
 }  // namespace vidit

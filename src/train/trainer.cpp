@@ -90,22 +90,26 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   if (device_.is_cuda() && device_.has_index()) use_gpu(device_.index());
-  torch::manual_seed(cfg.train.seed);
-  DiT model(cfg.model);
-  model->init_weights();
-  // train.init_from: loaded whole here; under FSDP or tensor parallel (no LoRA there), each rank
-  // copies only its part of each tensor out of the mapped files once the model is parallelized.
+  hosts_ = gather_hosts(*mesh_->world());
+  check_memory_plan();
+  torch::manual_seed(cfg.train.seed);  // LoRA's adapters draw from it
+  // Build, parallelize, then allocate: the model is described on its device without memory
+  // (model/param_storage.h); parallelize() cuts it, and then each rank allocates and fills only
+  // its part (init_parts, or its part of train.init_from). No rank ever holds the whole model,
+  // except a LoRA run's frozen base, which data parallel keeps whole on every rank anyway: it is
+  // initialised (or loaded) whole here, one tensor at a time, before the adapters are added.
+  DiT model = dit_without_storage(cfg.model, device_);
   std::optional<InitWeights> init;
-  const bool init_parts = cfg.parallel.shard > 1 || cfg.parallel.tensor > 1;
-  if (!cfg.train.init_from.empty()) {
-    init = open_init_weights(cfg);
-    if (!init_parts) {
+  if (!cfg.train.init_from.empty()) init = open_init_weights(cfg);
+  if (cfg.lora.rank > 0) {
+    if (init) {
       load_state_dict(*model, init->weights, init->from);
       report_init(*init, /*parts=*/false, is_lead());
       init.reset();
+    } else {
+      model->init_weights(uint64_t(cfg.train.seed));
     }
   }
-  model->to(device_);
   // Numerics the model is told of (not parallelisms): FP8 projections, the attention kernel.
   // Reused casts: each weight's for the step only where the rank holds its weights whole
   // (FSDP's shards have their e4m3 copies gathered, or are freed between uses).
@@ -175,14 +179,18 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   pm_ = parallelize(std::move(model), mesh_, cfg, activations ? &*activations : nullptr, std::move(adapters));
   if (init) {
     load_init_parts(*pm_, *init);
-    report_init(*init, /*parts=*/true, is_lead());
+    report_init(*init, /*parts=*/cfg.parallel.shard > 1 || cfg.parallel.tensor > 1, is_lead());
     init.reset();
+  } else if (cfg.lora.rank == 0) {
+    pm_->init_parts(uint64_t(cfg.train.seed));
   }
   opt_ = std::make_unique<AdamW>(pm_->params(), AdamWOptions{cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps,
                                                             cfg.train.weight_decay},
                                  pm_->whole_shapes());
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(pm_->params(), cfg.train.ema_decay);
-  hosts_ = gather_hosts(*mesh_->world());
+  // The host buffers saves copy the state into, allocated and touched now (train.ckpt_snapshots):
+  // the first save pauses no longer than later ones, and the memory is taken before the first step.
+  snapshot_bytes_ = reserve_snapshots();
   // What earlier attempts of this run quarantined is never handed out again.
   quarantine_ = std::make_unique<Quarantine>(cfg.train.out_dir, cfg.train.quarantine_after);
   data_->skip(quarantine_->quarantined());
@@ -221,7 +229,8 @@ void Trainer::start_save() {
   // of host buffers and written after it. A third waits for the oldest (and all ranks agree on
   // it) first. Replicas that disagree are never saved.
   // (A synchronous save's report is told first.)
-  if (sync_report_ || writer_.in_flight() >= 2) finish_oldest_save();
+  const int64_t sets = tc.ckpt_snapshots;
+  if (sync_report_ || writer_.in_flight() >= std::max<int64_t>(1, sets)) finish_oldest_save();
   check_replicas_or_stop();
   watchdog_->beat("saving a checkpoint", step_, /*adaptive=*/false);
   SaveJob job;
@@ -230,9 +239,7 @@ void Trainer::start_save() {
   s.step = step_;
   s.layouts = pm_->layouts();
   s.part = pm_->part();
-  job.write = std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
-    return std::find(s.part.dims.begin(), s.part.dims.end(), d) != s.part.dims.end() || mesh_->coord(d) == 0;
-  });
+  job.write = writes_part();
   job.commit = is_lead();
   job.rank = mesh_->rank();
   job.with_ema = ema_ != nullptr;
@@ -271,22 +278,78 @@ void Trainer::start_save() {
   if (is_lead()) begin_checkpoint(tc.out_dir, step_, local_storage(), writer_.steps());
   mesh_->world()->barrier();
   // The state as it is now, in host buffers kept from one save to the next.
-  if (job.write) {
+  // (train.ckpt_snapshots = 0: no buffers; the live state is written before training goes on.)
+  if (job.write && sets == 0) {
+    s.model = model, s.ema = ema, s.optimizer = optimizer;
+  } else if (job.write) {
     Snapshots& into = snaps_[snap_slot_];
-    snap_slot_ = 1 - snap_slot_;
+    snap_slot_ = (snap_slot_ + 1) % int(sets);
     s.model = snapshot(model, into.model);
     s.ema = snapshot(ema, into.ema);
     s.optimizer = snapshot(optimizer, into.optimizer);
   }
   const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_save_time_ = std::chrono::steady_clock::now();
-  if (tc.ckpt_async) {
+  if (tc.ckpt_async && sets > 0) {
     writer_.start(std::move(job), blocked);
   } else {
     SaveReport r = CheckpointWriter::run(job);
     r.blocked_s = blocked + r.write_s;
     sync_report_ = r;
   }
+}
+
+void Trainer::check_memory_plan() const {
+  // Host memory of this node: its ranks x each one's peak phase (vidit plan). On a GPU the host
+  // holds the runtime, the snapshot buffers and a resume's staged copy; on the CPU everything.
+  const StepPlan plan = plan_step(cfg_);
+  struct Phase {
+    const char* name;
+    double bytes;
+    const char* keys;
+  };
+  const Phase phases[] = {
+      {"construction", device_.is_cpu() ? plan.construction_peak() : plan.runtime + plan.snapshots,
+       "parallel.shard (more ranks share the state), train.ckpt_snapshots"},
+      {"a training step", device_.is_cpu() ? plan.step_peak() : plan.runtime + plan.snapshots,
+       "parallel.shard, train.batch_size, train.memory_budget_gb (recompute), train.ckpt_snapshots"},
+      {"resume", device_.is_cpu() ? plan.resume_peak() : plan.runtime + plan.snapshots + plan.resume,
+       "parallel.shard, train.ckpt_snapshots"}};
+  const Phase* worst = &phases[0];
+  for (const Phase& p : phases)
+    if (p.bytes > worst->bytes) worst = &p;
+  const int64_t here = std::count(hosts_.begin(), hosts_.end(), hosts_[size_t(mesh_->rank())]);
+  const double need = double(here) * worst->bytes;
+  const double have = cfg_.train.host_memory_gb > 0 ? cfg_.train.host_memory_gb * 1e9 : double(host_total_bytes());
+  VIDIT_CHECK(have <= 0 || need <= have, "the run does not fit this node's memory: ", here, " ranks on ",
+              hosts_[size_t(mesh_->rank())], " each need ", worst->bytes / double(1 << 30), " GiB at ", worst->name,
+              " (vidit plan), ", need / double(1 << 30), " GiB in all, against ", have / double(1 << 30),
+              " GiB (", cfg_.train.host_memory_gb > 0 ? "train.host_memory_gb" : "MemTotal",
+              "). Change ", worst->keys, ", or run fewer ranks per node");
+}
+
+bool Trainer::writes_part() const {
+  const CheckpointPart part = pm_->part();
+  return std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
+    return std::find(part.dims.begin(), part.dims.end(), d) != part.dims.end() || mesh_->coord(d) == 0;
+  });
+}
+
+int64_t Trainer::reserve_snapshots() {
+  if (!writes_part() || cfg_.train.ckpt_snapshots == 0) return 0;
+  auto mine = [&](const TensorMap& m) {
+    TensorMap out;
+    for (const auto& [key, t] : m)
+      if (pm_->writes(key)) out[key] = t;
+    return out;
+  };
+  const TensorMap model = mine(pm_->params()), ema = ema_ ? mine(ema_->weights()) : TensorMap{},
+                  optimizer = mine(opt_->state());
+  int64_t bytes = 0;
+  for (int64_t k = 0; k < cfg_.train.ckpt_snapshots; ++k)
+    bytes += reserve_snapshot(model, snaps_[k].model) + reserve_snapshot(ema, snaps_[k].ema) +
+             reserve_snapshot(optimizer, snaps_[k].optimizer);
+  return bytes;
 }
 
 std::string Trainer::finish_save() {

@@ -76,7 +76,10 @@ class Trainer {
   // `null_text` [Lt, text_dim]: the embedding used when the caption is dropped (CFG).
   // Reads `data` through an EpochSampler (fixed-shape samples).
   // `mesh`: the processes of the run (nullptr: this process alone, a mesh of size 1).
-  // Construction is collective over the mesh (parameters are broadcast from rank 0).
+  // Construction is collective over the mesh. The model is built without storage, parallelized,
+  // and then each rank allocates and initialises only its part (train.seed gives every element
+  // the value a one-process run gives it) or copies its part out of train.init_from; nothing is
+  // broadcast. AdamW, the EMA and train.ckpt_snapshots sets of host buffers are allocated here.
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
           at::Device device = at::kCPU, std::shared_ptr<const Mesh> mesh = nullptr);
   // Reads any batch source, e.g. the latent cache's bucketed loader (variable shapes). Under data
@@ -129,6 +132,9 @@ class Trainer {
   // ones; in a LoRA run (model/lora.h) the frozen base with those adapters merged (collective).
   TensorMap sampling_weights() const;
   const Config& config() const { return cfg_; }
+  // Bytes of the host buffers reserved for checkpoint snapshots (train.ckpt_snapshots sets of this
+  // rank's part of the state; 0 on a rank that writes no part).
+  int64_t snapshot_bytes() const { return snapshot_bytes_; }
   // <out_dir>/events.jsonl (rank 0; a sink on the others).
   EventLog& events();
   // The host of each rank, by rank.
@@ -189,8 +195,14 @@ class Trainer {
   struct Snapshots {
     TensorMap model, ema, optimizer;
   };
-  Snapshots snaps_[2];  // two sets: a save snapshots into one while the other is written
+  Snapshots snaps_[2];  // train.ckpt_snapshots sets: a save snapshots into one while the other is written
   int snap_slot_ = 0;
+  int64_t snapshot_bytes_ = 0;  // their bytes, reserved at construction
+  bool writes_part() const;     // this rank writes a part of each checkpoint
+  // Refuses (vidit::Error naming the phase, the figure and the keys) a run whose memory plan
+  // needs more host memory on this node than it has (train.host_memory_gb).
+  void check_memory_plan() const;
+  int64_t reserve_snapshots();  // allocates and touches the sets; returns their bytes
   std::string finish_oldest_save();  // finish_save() for the oldest save in flight only
   std::optional<SaveReport> sync_report_;
   int64_t failed_saves_ = 0;

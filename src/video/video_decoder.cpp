@@ -1,7 +1,7 @@
 // decode_video with FFmpeg: libavformat demux and seek, libavcodec decode (software, or NVDEC via
 // decode_nvdec.h), frames chosen by timestamp (decode_frame_picker.h), libswscale to RGB24.
 // Compiled only when CMake finds the FFmpeg development libraries; video_decoder_stub.cpp
-// replaces this file otherwise. encode_video_mp4 lives in video_encoder.cpp (every build).
+// replaces this file otherwise. encode_video_mp4 lives in video_encoder.cpp (FFmpeg builds too).
 #include "video/video_decoder.h"
 
 #include <algorithm>

@@ -28,9 +28,10 @@
 // Thread safety: decode_video may run concurrently on any number of threads (each call owns its
 // FFmpeg contexts; the NVDEC device is shared under a lock).
 //
-// encode_video_mp4 needs no FFmpeg libraries: it pipes raw frames to the `ffmpeg` program
-// (which must be on PATH, built with libx264) and is available in every build. It writes
+// encode_video_mp4 (video_encoder.cpp) writes with the same FFmpeg libraries (libswscale,
+// libavcodec's libx264 encoder, libavformat's mp4 muxer); no `ffmpeg` program is run. It writes
 // 4:4:4 H.264 tagged BT.709 limited range, which decode_video reads back within a few levels.
+// Builds without FFmpeg throw from it as from decode_video.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -93,11 +94,16 @@ double probe_video_seconds(const std::string& path);
 DecodedVideo decode_video(const std::string& path, int64_t max_frames = -1, int threads = 0);
 
 // Encodes frames [T, H, W, 3] uint8 RGB (any device; T, H, W >= 1) to an H.264 MP4 at `fps`
-// (> 0) by piping raw frames to the `ffmpeg` CLI (libx264, pixel format yuv444p, -crf crf in
-// [0, 51], -y: an existing file is overwritten), optionally upscaled by an integer factor
-// (>= 1) with nearest-neighbour scaling (for viewing tiny generated clips). The parent
-// directory of `path` must exist. Throws vidit::Error with ffmpeg's stderr tail if ffmpeg is
-// missing or fails.
+// (> 0) with FFmpeg's libraries: libx264 preset medium at constant quality `crf` in [0, 51]
+// (0 = lossless), pixel format yuv444p tagged BT.709 (matrix, primaries, transfer) limited range,
+// index at the front of the file (faststart). Optionally upscaled by an integer factor in
+// [1, 64] with nearest-neighbour scaling (for viewing tiny generated clips). The parent
+// directory of `path` must exist; an existing file is replaced. The file is written under a
+// temporary name in the same directory and renamed to `path` when complete, so `path` never
+// holds a partial video; on failure the temporary file is removed and the old file, if any, is
+// untouched. Throws vidit::Error naming `path` for bad arguments, a missing or unwritable
+// directory, a libavcodec without the libx264 encoder, any FFmpeg failure, and in builds
+// without FFmpeg. Thread safe: each call owns its FFmpeg contexts.
 void encode_video_mp4(const std::string& path, const at::Tensor& frames, double fps, int crf = 12,
                       int upscale = 1);
 

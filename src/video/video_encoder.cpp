@@ -1,115 +1,136 @@
-// encode_video_mp4: raw RGB frames piped to the `ffmpeg` program (compiled in every build; it
-// needs no FFmpeg libraries, only the CLI on PATH). The child is started with posix_spawnp,
-// frames go to its stdin, its stdout goes to /dev/null and its stderr to an unlinked temp file
-// whose tail ends up in the error message when the encode fails.
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
+// encode_video_mp4 with FFmpeg's libraries: libswscale converts each RGB24 frame to YUV 4:4:4
+// (BT.709 matrix, limited "tv" range) and does the optional nearest-neighbour upscale in the same
+// pass, libavcodec's libx264 encoder compresses (preset medium, the caller's crf), and
+// libavformat's mp4 muxer writes the file with its index in front (movflags=+faststart), so
+// players can start before the whole file has arrived. These are the settings the `ffmpeg`
+// program was once run with here; no program is run now, so a node without the ffmpeg CLI still
+// writes its samples.
+//
+// The file is written under a hidden temporary name in the destination folder and renamed over
+// `path` only once the muxer has finished: a failure (or a crash) never leaves a half-written file
+// under the final name, and a failed call removes its temporary file.
+//
+// Compiled in FFmpeg builds only; video_decoder_stub.cpp has the encoder's stub otherwise.
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
+#include <random>
 #include <string>
 #include <system_error>
-#include <vector>
 
 #include "core/error.h"
 #include "video/video_decoder.h"
 
-extern char** environ;
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/avutil.h>
+#include <libavutil/dict.h>
+#include <libavutil/frame.h>
+#include <libavutil/mathematics.h>
+#include <libavutil/pixfmt.h>
+#include <libavutil/rational.h>
+#include <libswscale/swscale.h>
+}
 
 namespace vidit {
 
 namespace {
 
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  void reset() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
+namespace fs = std::filesystem;
 
-struct SpawnActions {
-  posix_spawn_file_actions_t actions;
-  bool ok = false;
-  SpawnActions() { ok = posix_spawn_file_actions_init(&actions) == 0; }
-  ~SpawnActions() {
-    if (ok) posix_spawn_file_actions_destroy(&actions);
-  }
-};
-
-// Blocks SIGPIPE in this thread while writing to the pipe, so a dying ffmpeg turns into an
-// EPIPE write error instead of killing the process; a SIGPIPE raised meanwhile is discarded.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_set_);
-    sigaddset(&pipe_set_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_set_, &old_) == 0;
-  }
-  ~SigpipeBlock() {
-    if (!blocked_) return;
-    if (!was_pending_) {
-      sigset_t pending;
-      sigemptyset(&pending);
-      if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
-        timespec zero{0, 0};
-        sigtimedwait(&pipe_set_, nullptr, &zero);
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
- private:
-  sigset_t pipe_set_, old_;
-  bool was_pending_ = false, blocked_ = false;
-};
-
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-// The last `max_bytes` of what ffmpeg wrote to stderr, trimmed.
-std::string read_tail(int fd, size_t max_bytes = 3000) {
-  struct stat sb {};
-  if (fd < 0 || fstat(fd, &sb) != 0 || sb.st_size <= 0) return {};
-  const off_t size = sb.st_size;
-  const off_t start = size > static_cast<off_t>(max_bytes) ? size - static_cast<off_t>(max_bytes) : 0;
-  std::string text(static_cast<size_t>(size - start), '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    ssize_t r = pread(fd, text.data() + got, text.size() - got, start + static_cast<off_t>(got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  text.resize(got);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
-    text.pop_back();
-  return start > 0 ? "..." + text : text;
-}
-
-std::string format_fps(double fps) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.12g", fps);
+// av_err2str is a C compound-literal macro; this is its C++ equivalent.
+std::string av_error_text(int err) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+  if (av_strerror(err, buf, sizeof(buf)) < 0) std::snprintf(buf, sizeof(buf), "FFmpeg error %d", err);
   return buf;
 }
+
+// libx264 reports its settings and statistics at INFO level on every file; keep training logs
+// clean (errors still print). A level the application chose is kept. Same rule as the decoder.
+void quiet_ffmpeg_logs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (av_log_get_level() == AV_LOG_INFO) av_log_set_level(AV_LOG_ERROR);
+  });
+}
+
+struct CodecFreer {
+  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
+};
+struct PacketFreer {
+  void operator()(AVPacket* p) const { av_packet_free(&p); }
+};
+struct FrameFreer {
+  void operator()(AVFrame* f) const { av_frame_free(&f); }
+};
+struct SwsFreer {
+  void operator()(SwsContext* s) const { sws_freeContext(s); }
+};
+// The muxer context and the file it writes: closes the file (if still open), then frees.
+struct OutputFreer {
+  void operator()(AVFormatContext* c) const {
+    if (c->pb && !(c->oformat->flags & AVFMT_NOFILE)) avio_closep(&c->pb);
+    avformat_free_context(c);
+  }
+};
+using CodecPtr = std::unique_ptr<AVCodecContext, CodecFreer>;
+using PacketPtr = std::unique_ptr<AVPacket, PacketFreer>;
+using FramePtr = std::unique_ptr<AVFrame, FrameFreer>;
+using SwsPtr = std::unique_ptr<SwsContext, SwsFreer>;
+using OutputPtr = std::unique_ptr<AVFormatContext, OutputFreer>;
+
+// An AVDictionary of options that is freed on every path.
+struct Options {
+  AVDictionary* dict = nullptr;
+  Options() = default;
+  Options(const Options&) = delete;
+  Options& operator=(const Options&) = delete;
+  ~Options() { av_dict_free(&dict); }
+  // The keys the component did not recognise, comma separated ("" when all were used).
+  std::string leftovers() const {
+    std::string out;
+    const AVDictionaryEntry* e = nullptr;
+    while ((e = av_dict_get(dict, "", e, AV_DICT_IGNORE_SUFFIX)))
+      out += (out.empty() ? "" : ", ") + std::string(e->key) + "=" + e->value;
+    return out;
+  }
+};
+
+// The temporary file the muxer writes: `.NAME.PID-N-RANDOM.part` next to the destination (same
+// folder, so the final rename stays on one filesystem and is atomic; hidden, and not ending in
+// .mp4, so folder scans for videos do not pick it up). Removed on destruction unless committed.
+class TempOutput {
+ public:
+  explicit TempOutput(const fs::path& dest) {
+    static std::atomic<uint64_t> counter{0};
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    char tag[64];
+    std::snprintf(tag, sizeof(tag), ".%ld-%llu-%08llx.part", static_cast<long>(::getpid()),
+                  static_cast<unsigned long long>(counter++),
+                  static_cast<unsigned long long>(rng() & 0xffffffffULL));
+    path_ = dest.parent_path() / ("." + dest.filename().string() + tag);
+  }
+  TempOutput(const TempOutput&) = delete;
+  TempOutput& operator=(const TempOutput&) = delete;
+  ~TempOutput() {
+    if (committed_) return;
+    std::error_code ec;
+    fs::remove(path_, ec);  // nothing to report: the original error is already on its way
+  }
+  const fs::path& path() const { return path_; }
+  void commit() { committed_ = true; }
+
+ private:
+  fs::path path_;
+  bool committed_ = false;
+};
 
 }  // namespace
 
@@ -131,107 +152,209 @@ void encode_video_mp4(const std::string& path, const at::Tensor& frames, double 
   VIDIT_CHECK(upscale >= 1 && upscale <= 64, "encode_video_mp4('", path,
               "'): upscale must be an integer factor in [1, 64], got ", upscale);
   VIDIT_CHECK(!path.empty(), "encode_video_mp4: the output path is empty");
+  const fs::path dest(path);
   {
-    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
     std::error_code ec;
-    VIDIT_CHECK(parent.empty() || std::filesystem::is_directory(parent, ec), "encode_video_mp4('",
-                path, "'): the output directory '", parent.string(),
-                "' does not exist; create it first");
+    const fs::path parent = dest.parent_path();
+    VIDIT_CHECK(parent.empty() || fs::is_directory(parent, ec), "encode_video_mp4('", path,
+                "'): the output directory '", parent.string(), "' does not exist; create it first");
+    VIDIT_CHECK(!fs::is_directory(dest, ec), "encode_video_mp4('", path,
+                "'): this is a directory; give the path of the .mp4 file to write");
   }
+  const int64_t T = frames.size(0), H = frames.size(1), W = frames.size(2);
+  VIDIT_CHECK(W * upscale <= 65536 && H * upscale <= 65536, "encode_video_mp4('", path, "'): ", W,
+              "x", H, " frames upscaled ", upscale, "x would be ", W * upscale, "x", H * upscale,
+              ", too large to encode; lower the upscale factor");
+  const int out_w = static_cast<int>(W * upscale), out_h = static_cast<int>(H * upscale);
+  quiet_ffmpeg_logs();
+
+  // H.264 encoder: libx264 by name (FFmpeg's native h264 has no encoder; hardware ones differ).
+  const AVCodec* codec = avcodec_find_encoder_by_name("libx264");
+  VIDIT_CHECK(codec != nullptr, "encode_video_mp4('", path, "'): the FFmpeg libavcodec this "
+              "program loaded (", av_version_info(), ") has no libx264 encoder. On Debian 12 the "
+              "distribution's libavcodec59 (and libavcodec-extra59) are built with it: "
+              "apt-get install libavcodec59 libx264-164; a libavcodec found first elsewhere "
+              "(LD_LIBRARY_PATH, conda, a self-built FFmpeg) must be configured with "
+              "--enable-gpl --enable-libx264");
+
+  // Frame rate as a rational (30000/1001 for 29.97...); one tick of the codec clock per frame.
+  const AVRational rate = av_d2q(fps, 1001000);
+  VIDIT_CHECK(rate.num > 0 && rate.den > 0, "encode_video_mp4('", path, "'): fps ", fps,
+              " has no usable rational form; use a frame rate such as 8, 24 or 29.97");
+
+  TempOutput temp(dest);
+  const std::string url = "file:" + temp.path().string();  // "file:": a colon is not a protocol
+
+  // Muxer first, so that encoder flags can follow the container's needs.
+  OutputPtr out;
+  {
+    AVFormatContext* raw = nullptr;
+    const int ret = avformat_alloc_output_context2(&raw, nullptr, "mp4", url.c_str());
+    VIDIT_CHECK(ret >= 0 && raw, "encode_video_mp4('", path,
+                "'): libavformat cannot create an mp4 muxer: ",
+                ret < 0 ? av_error_text(ret) : std::string("no context"),
+                " (is this FFmpeg built without the mp4 muxer?)");
+    out.reset(raw);
+  }
+  AVStream* stream = avformat_new_stream(out.get(), nullptr);
+  VIDIT_CHECK(stream != nullptr, "encode_video_mp4('", path,
+              "'): libavformat could not add a video stream (out of memory?)");
+
+  CodecPtr enc(avcodec_alloc_context3(codec));
+  VIDIT_CHECK(enc != nullptr, "encode_video_mp4('", path,
+              "'): cannot allocate a libx264 encoder context (out of memory?)");
+  enc->width = out_w;
+  enc->height = out_h;
+  enc->pix_fmt = AV_PIX_FMT_YUV444P;
+  enc->time_base = av_inv_q(rate);
+  enc->framerate = rate;
+  enc->color_range = AVCOL_RANGE_MPEG;  // "tv" / limited range
+  enc->colorspace = AVCOL_SPC_BT709;
+  enc->color_primaries = AVCOL_PRI_BT709;
+  enc->color_trc = AVCOL_TRC_BT709;
+  enc->thread_count = 0;  // one per core, as the ffmpeg CLI chooses ("threads auto")
+  if (out->oformat->flags & AVFMT_GLOBALHEADER) enc->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
+  {
+    Options opts;
+    const std::string crf_text = std::to_string(crf);
+    int ret = av_dict_set(&opts.dict, "preset", "medium", 0);
+    if (ret >= 0) ret = av_dict_set(&opts.dict, "crf", crf_text.c_str(), 0);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): cannot set encoder options: ",
+                av_error_text(ret));
+    ret = avcodec_open2(enc.get(), codec, &opts.dict);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): libx264 refused ", out_w, "x", out_h,
+                " yuv444p at crf ", crf, ": ", av_error_text(ret),
+                " (FFmpeg's log above may say more)");
+    const std::string unused = opts.leftovers();
+    VIDIT_CHECK(unused.empty(), "encode_video_mp4('", path,
+                "'): this libx264 wrapper does not know the options ", unused,
+                "; a newer FFmpeg is needed");
+  }
+  {
+    const int ret = avcodec_parameters_from_context(stream->codecpar, enc.get());
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path,
+                "'): cannot copy encoder parameters to the stream: ", av_error_text(ret));
+  }
+  stream->time_base = enc->time_base;  // a hint: the muxer picks its own in write_header
+  stream->avg_frame_rate = rate;
+
+  // Converter: RGB24 (full range by nature) -> YUV444P with the BT.709 matrix and limited range,
+  // nearest-neighbour resize to the output size, accurate rounding.
+  SwsPtr sws(sws_getContext(static_cast<int>(W), static_cast<int>(H), AV_PIX_FMT_RGB24, out_w,
+                            out_h, AV_PIX_FMT_YUV444P,
+                            SWS_POINT | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT, nullptr, nullptr,
+                            nullptr));
+  VIDIT_CHECK(sws != nullptr, "encode_video_mp4('", path, "'): libswscale cannot convert ", W, "x",
+              H, " RGB24 to ", out_w, "x", out_h, " yuv444p");
+  {
+    const int* bt709 = sws_getCoefficients(SWS_CS_ITU709);
+    const int ret = sws_setColorspaceDetails(sws.get(), bt709, /*srcRange=*/1, bt709,
+                                             /*dstRange (0 = tv)=*/0, 0, 1 << 16, 1 << 16);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path,
+                "'): libswscale refused the BT.709 limited-range conversion");
+  }
+
+  FramePtr frame(av_frame_alloc());
+  PacketPtr packet(av_packet_alloc());
+  VIDIT_CHECK(frame && packet, "encode_video_mp4('", path,
+              "'): cannot allocate an FFmpeg frame or packet (out of memory?)");
+  frame->format = AV_PIX_FMT_YUV444P;
+  frame->width = out_w;
+  frame->height = out_h;
+  frame->color_range = enc->color_range;
+  frame->colorspace = enc->colorspace;
+  frame->color_primaries = enc->color_primaries;
+  frame->color_trc = enc->color_trc;
+  {
+    const int ret = av_frame_get_buffer(frame.get(), 0);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): cannot allocate a ", out_w, "x", out_h,
+                " frame: ", av_error_text(ret), " (too large? lower the upscale factor)");
+  }
+
+  // Open the temporary file and write the header; faststart is the mp4 muxer's "movflags".
+  if (!(out->oformat->flags & AVFMT_NOFILE)) {
+    const int ret = avio_open(&out->pb, url.c_str(), AVIO_FLAG_WRITE);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): cannot create the file '",
+                temp.path().string(), "' in the output folder: ", av_error_text(ret),
+                "; make the folder writable (permissions, free space, read-only mount) or "
+                "choose another output path");
+  }
+  {
+    Options opts;
+    int ret = av_dict_set(&opts.dict, "movflags", "+faststart", 0);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): cannot set muxer options: ",
+                av_error_text(ret));
+    ret = avformat_write_header(out.get(), &opts.dict);
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): writing the mp4 header to '",
+                temp.path().string(), "' failed: ", av_error_text(ret));
+    const std::string unused = opts.leftovers();
+    VIDIT_CHECK(unused.empty(), "encode_video_mp4('", path,
+                "'): this libavformat's mp4 muxer does not know the options ", unused,
+                "; a newer FFmpeg is needed");
+  }
+
+  // Hands every packet the encoder has ready to the muxer. Each packet is one frame, so a packet
+  // the encoder left without a duration lasts one tick (the muxer needs the last one's).
+  auto drain = [&] {
+    for (;;) {
+      int ret = avcodec_receive_packet(enc.get(), packet.get());
+      if (ret == AVERROR(EAGAIN) || ret == AVERROR_EOF) return;
+      VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): libx264 failed: ", av_error_text(ret));
+      if (packet->duration <= 0) packet->duration = 1;
+      av_packet_rescale_ts(packet.get(), enc->time_base, stream->time_base);
+      packet->stream_index = stream->index;
+      ret = av_interleaved_write_frame(out.get(), packet.get());  // takes the packet's data
+      VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): writing to '", temp.path().string(),
+                  "' failed: ", av_error_text(ret), "; check free space on that filesystem");
+    }
+  };
 
   const at::Tensor data = frames.to(at::kCPU).contiguous();
-  const int64_t T = data.size(0), H = data.size(1), W = data.size(2);
-
-  // The scale filter does both the nearest-neighbour upscale and the RGB -> YUV conversion, with
-  // BT.709 limited range declared in the stream so that players and decode_video agree on it.
-  const std::string filter = "scale=w=iw*" + std::to_string(upscale) + ":h=ih*" +
-                             std::to_string(upscale) +
-                             ":flags=neighbor+accurate_rnd+full_chroma_int"
-                             ":out_color_matrix=bt709:out_range=tv,format=yuv444p";
-  const std::vector<std::string> args = {
-      "ffmpeg", "-hide_banner", "-nostats", "-loglevel", "error", "-y",
-      "-f", "rawvideo", "-pix_fmt", "rgb24", "-video_size",
-      std::to_string(W) + "x" + std::to_string(H), "-framerate", format_fps(fps), "-i", "pipe:0",
-      "-an", "-vf", filter, "-c:v", "libx264", "-preset", "medium", "-crf", std::to_string(crf),
-      "-pix_fmt", "yuv444p", "-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc",
-      "bt709", "-color_range", "tv", "-movflags", "+faststart", "-f", "mp4",
-      "file:" + path};  // "file:": a colon in the path is not a protocol
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-
-  // ffmpeg's stderr goes to an already-unlinked temp file: nothing to clean up on any path.
-  std::string tmpl = (std::filesystem::temp_directory_path() / "vidit_ffmpeg_stderr_XXXXXX").string();
-  Fd err_file(mkostemp(tmpl.data(), O_CLOEXEC));
-  VIDIT_CHECK(err_file.fd >= 0, "encode_video_mp4('", path, "'): cannot create a temp file in '",
-              std::filesystem::temp_directory_path().string(), "': ", errno_text(errno));
-  ::unlink(tmpl.c_str());
-
-  int pipe_fds[2];
-  VIDIT_CHECK(pipe2(pipe_fds, O_CLOEXEC) == 0, "encode_video_mp4('", path,
-              "'): cannot create a pipe to ffmpeg: ", errno_text(errno));
-  Fd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
-
-  SpawnActions fa;
-  VIDIT_CHECK(fa.ok, "encode_video_mp4('", path, "'): posix_spawn_file_actions_init failed");
-  int rc = posix_spawn_file_actions_adddup2(&fa.actions, read_end.fd, STDIN_FILENO);
-  if (rc == 0)
-    rc = posix_spawn_file_actions_addopen(&fa.actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa.actions, err_file.fd, STDERR_FILENO);
-  VIDIT_CHECK(rc == 0, "encode_video_mp4('", path, "'): preparing to start ffmpeg failed: ",
-              errno_text(rc));
-
-  pid_t pid = -1;
-  rc = posix_spawnp(&pid, "ffmpeg", &fa.actions, nullptr, argv.data(), environ);
-  VIDIT_CHECK(rc == 0, "encode_video_mp4('", path, "'): cannot run the ffmpeg program (",
-              errno_text(rc), "); install it (Debian/Ubuntu: apt-get install ffmpeg) and make sure "
-              "it is on PATH");
-  read_end.reset();
-
-  // From here on nothing throws until the child has been reaped.
-  int write_errno = 0;
-  {
-    SigpipeBlock block;
-    const auto* p = static_cast<const char*>(data.const_data_ptr());
-    size_t left = static_cast<size_t>(data.numel());
-    while (left > 0) {
-      ssize_t n = ::write(write_end.fd, p, left);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        write_errno = errno;
-        break;
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    write_end.reset();  // EOF for ffmpeg
+  const auto* pixels = static_cast<const uint8_t*>(data.const_data_ptr());
+  const int src_stride = static_cast<int>(W * 3);
+  for (int64_t t = 0; t < T; ++t) {
+    int ret = av_frame_make_writable(frame.get());  // the encoder may still hold the last one
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): cannot get a writable frame: ",
+                av_error_text(ret));
+    const uint8_t* src[4] = {pixels + t * H * W * 3, nullptr, nullptr, nullptr};
+    const int src_strides[4] = {src_stride, 0, 0, 0};
+    ret = sws_scale(sws.get(), src, src_strides, 0, static_cast<int>(H), frame->data,
+                    frame->linesize);
+    VIDIT_CHECK(ret == out_h, "encode_video_mp4('", path, "'): libswscale failed on frame ", t,
+                ret < 0 ? ": " + av_error_text(ret) : std::string());
+    frame->pts = t;
+    ret = avcodec_send_frame(enc.get(), frame.get());
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): libx264 refused frame ", t, ": ",
+                av_error_text(ret));
+    drain();
   }
-  int status = 0;
-  pid_t waited;
-  do {
-    waited = ::waitpid(pid, &status, 0);
-  } while (waited < 0 && errno == EINTR);
-  const int wait_errno = waited < 0 ? errno : 0;
+  {
+    const int ret = avcodec_send_frame(enc.get(), nullptr);  // flush the frames held back
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): flushing libx264 failed: ",
+                av_error_text(ret));
+    drain();
+  }
 
-  const std::string tail = read_tail(err_file.fd);
-  const std::string ffmpeg_says =
-      tail.empty() ? std::string(" (ffmpeg printed nothing)") : "; ffmpeg says:\n" + tail;
-  VIDIT_CHECK(wait_errno == 0, "encode_video_mp4('", path, "'): waiting for ffmpeg failed: ",
-              errno_text(wait_errno));
-  if (WIFSIGNALED(status))
-    fail("encode_video_mp4('", path, "'): ffmpeg was killed by signal ", WTERMSIG(status),
-         ffmpeg_says);
-  VIDIT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "encode_video_mp4('", path,
-              "'): ffmpeg failed with exit code ", WEXITSTATUS(status), " encoding ", T,
-              " frames of ", W, "x", H, " (ffmpeg needs libx264: check `ffmpeg -encoders | grep "
-              "libx264`)",
-              ffmpeg_says);
-  VIDIT_CHECK(write_errno == 0, "encode_video_mp4('", path,
-              "'): writing frames to ffmpeg failed: ", errno_text(write_errno), ffmpeg_says);
+  // Trailer (with faststart the muxer moves the index to the front here), then close: a write
+  // error that only shows when buffers are flushed is caught by the close.
+  {
+    int ret = av_write_trailer(out.get());
+    VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): finishing the mp4 file '",
+                temp.path().string(), "' failed: ", av_error_text(ret),
+                "; check free space on that filesystem");
+    if (!(out->oformat->flags & AVFMT_NOFILE)) {
+      ret = avio_closep(&out->pb);
+      VIDIT_CHECK(ret >= 0, "encode_video_mp4('", path, "'): closing '", temp.path().string(),
+                  "' failed: ", av_error_text(ret), "; check free space on that filesystem");
+    }
+  }
+  out.reset();
+
   std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  VIDIT_CHECK(!ec && size > 0, "encode_video_mp4('", path,
-              "'): ffmpeg reported success but the file is missing or empty", ffmpeg_says);
+  fs::rename(temp.path(), dest, ec);
+  VIDIT_CHECK(!ec, "encode_video_mp4('", path, "'): cannot move the finished file '",
+              temp.path().string(), "' to its name: ", ec.message());
+  temp.commit();
 }
 
 }  // namespace vidit

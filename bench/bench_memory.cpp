@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -53,8 +54,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   app.add_option("--out", out, "the run's folder (its checkpoint is what --resume reads)");
   app.add_flag("--resume", resume, "build the trainer and resume from --out's checkpoint (run after a run without it)");
+  bool system_malloc = false;
+  app.add_flag("--system-malloc", system_malloc, "leave glibc's malloc settings as they are (vidit train tunes them)");
   CLI11_PARSE(app, argc, argv);
-  keep_freed_memory();  // as `vidit train` does
+  if (!system_malloc) keep_freed_memory();  // as `vidit train` does
   try {
     sets.insert(sets.begin(), {"data.source=synthetic", "train.ckpt_every=0", "train.log_every=1000",
                                "train.tensorboard=false"});
@@ -70,25 +73,32 @@ int main(int argc, char** argv) {
       double measured, planned;
     };
     std::vector<Row> rows;
-    rows.push_back({"runtime", status_kib("VmRSS:") * 1024, plan.runtime});
+    const bool verbose = std::getenv("BENCH_MEMORY_VERBOSE") != nullptr;
+    auto done = [&](const char* phase, double measured, double planned) {
+      rows.push_back({phase, measured, planned});
+      if (verbose)  // as it happens, every rank (a phase that does not fit is seen before the kill)
+        std::fprintf(stderr, "rank %d %-13s peak %6.0f MiB (now %6.0f MiB), planned %6.0f MiB\n", world->rank(), phase,
+                     measured / (1 << 20), status_kib("VmRSS:") / 1024, planned / (1 << 20));
+    };
+    done("runtime", status_kib("VmRSS:") * 1024, plan.runtime);
     reset_peak();
     Trainer t(cfg, data, null_text, at::kCPU, mesh);
     world->barrier();
-    rows.push_back({"construction", peak_bytes(), plan.construction_peak()});
+    done("construction", peak_bytes(), plan.construction_peak());
     if (resume) {
       reset_peak();
       VIDIT_CHECK(t.resume(), "bench_memory --resume: no checkpoint under ", out, " (run once without --resume first)");
       world->barrier();
-      rows.push_back({"resume", peak_bytes(), plan.resume_peak()});
+      done("resume", peak_bytes(), plan.resume_peak());
     } else {
       reset_peak();
       for (int i = 0; i < steps; ++i) t.step();
       world->barrier();
-      rows.push_back({"step", peak_bytes(), plan.step_peak()});
+      done("step", peak_bytes(), plan.step_peak());
       reset_peak();
       t.save();
       world->barrier();
-      rows.push_back({"save", peak_bytes(), plan.step_peak()});
+      done("save", peak_bytes(), plan.step_peak());
     }
     // Rank 0 prints every rank's rows.
     at::Tensor mine = at::empty({int64_t(rows.size()) * 2}, at::kDouble);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <unistd.h>
 #include <sstream>
 #include <cstdio>
 #include <ctime>
@@ -406,6 +408,21 @@ struct SampleArgs {
 
 // Wan sampling (pipeline/wan_pipeline.h): from a release (--weights) or a vidit checkpoint, with
 // umT5 captions and the Wan VAE decoder, one MP4 per prompt.
+// The folder a sample is written to (`out` itself, or its parent for one .mp4), made and tried
+// with a file before any work: a sample is never computed only to be lost at the end.
+void check_output_writable(const std::string& out, bool one_file) {
+  namespace fs = std::filesystem;
+  const fs::path dir = one_file ? fs::absolute(fs::path(out)).parent_path() : fs::path(out);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path probe = dir / (".vidit_write_check_" + std::to_string(::getpid()));
+  FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "wb");
+  const int err = ec ? ec.value() : f ? 0 : errno;
+  if (f) std::fclose(f), fs::remove(probe, ec);
+  VIDIT_CHECK(err == 0, "vidit sample: cannot write to '", dir.string(), "' (", std::strerror(err),
+              "); choose another -o/--out. Nothing was sampled");
+}
+
 int sample_wan(Config cfg, const SampleArgs& a) {
   WanWeights w;
   w.text_encoder = !a.text_encoder.empty() ? a.text_encoder : cfg.text.encoder;
@@ -447,6 +464,7 @@ int sample_wan(Config cfg, const SampleArgs& a) {
                                                             : std::string();
   const at::Device device = train_device(cfg, detect_launch_env());
   const bool one_file = a.prompts.size() == 1 && a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".mp4";
+  check_output_writable(a.out, one_file);
   std::printf("sampling %zu prompt(s): %s, %lld frames at %lldx%lld, %s %lld steps, shift %g, guidance %g, on %s\n",
               a.prompts.size(), source.c_str(), (long long)r.frames, (long long)r.width, (long long)r.height,
               name_of(cfg.sample.solver).c_str(), (long long)cfg.sample.steps, cfg.sample.shift, cfg.sample.cfg_scale,
@@ -489,8 +507,8 @@ int cmd_sample(const CommonOpts& o, const SampleArgs& a) {
   VIDIT_CHECK(cfg.data.source == DataSource::demo, "vidit sample: text prompts need a text encoder: the demo's "
               "caption embedder (data.source = \"demo\"), or umT5 (--text-encoder DIR / text.encoder, or --weights DIR)");
   VIDIT_CHECK(!a.prompts.empty(), "vidit sample: give at least one --prompt \"a red square moving left\"");
+  check_output_writable(a.out, false);
   auto clips = demo::sample_captions(model, cfg, a.prompts, cfg.sample.seed);
-  std::filesystem::create_directories(a.out);
   for (size_t i = 0; i < clips.size(); ++i) {
     std::string name = a.prompts[i];
     std::replace(name.begin(), name.end(), ' ', '_');
@@ -591,7 +609,9 @@ int cmd_encode_text(const CommonOpts& o, const std::string& encoder, const std::
 // the one safetensors file diffusers' load_lora_weights and ComfyUI read (model/lora.h).
 int cmd_export(const std::string& format, const std::string& from, const std::string& out, bool use_ema,
                double shard_gb) {
-  CheckpointWeights w = read_checkpoint_weights(from, use_ema);
+  // The weights as a stream (train/run_weights.h): written one tensor at a time, so the host
+  // never holds the whole model; --format lora reads the adapters alone.
+  const CheckpointStream w = open_checkpoint_weights(from, use_ema);
   const char* which = w.ema ? "EMA" : "raw";
   if (format == "lora") {
     VIDIT_CHECK(!w.adapters.empty(), "vidit export --format lora: ", w.checkpoint, " is not a LoRA run (lora.rank = 0); "

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/storage.h"
+#include "core/tensor_stream.h"
 
 namespace vidit {
 namespace {
@@ -38,34 +39,58 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   local_storage().write_atomic(path, bytes);
 }
 
-uint64_t write_safetensors(WritableFile& file, const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// What a safetensors file holding `tensors` (in key order) begins with: the 8-byte little-endian
+// length, the JSON header (each tensor's dtype, shape and offsets; `metadata` as __metadata__),
+// padded with spaces so that the data that follows starts 8-byte aligned.
+std::string header_bytes(const std::map<std::string, TensorInfo>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [key, t] : tensors) {
-    VIDIT_CHECK(t.defined(), "safetensors: tensor '", key, "' is undefined (writing '", file.path(), "')");
-    const uint64_t bytes = uint64_t(t.numel()) * t.element_size();
-    header[key] = {{"dtype", dtype_name(t.scalar_type(), key)},
-                   {"shape", t.sizes().vec()},
+    const uint64_t bytes = t.bytes();
+    header[key] = {{"dtype", dtype_name(t.dtype, key)},
+                   {"shape", t.shape},
                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = header.dump();
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');  // keep the data 8-byte aligned
-  char length[8];
+  std::string out(8, '\0');
   const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  file.append(length, 8);
-  file.append(json.data(), json.size());
-  // Each tensor straight from its memory (CPU, contiguous: no copy), in the header's order.
-  for (const auto& [key, t] : tensors) {
-    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    file.append(c.data_ptr(), size_t(c.numel()) * c.element_size());
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + json;
+}
+
+}  // namespace
+
+uint64_t write_safetensors(WritableFile& file, const TensorStream& tensors,
+                           const std::map<std::string, std::string>& metadata) {
+  const std::string header = header_bytes(tensors.info, metadata);
+  file.append(header.data(), header.size());
+  // Each tensor straight from its memory (CPU, contiguous: no copy), in the header's order, and
+  // dropped before the next is read.
+  for (const auto& [key, info] : tensors.info) {
+    const at::Tensor c = tensors.get(key).detach().to(at::kCPU).contiguous();
+    file.append(c.data_ptr(), size_t(info.bytes()));
   }
-  return 8 + json.size();
+  return header.size();
+}
+
+uint64_t write_safetensors(WritableFile& file, const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+  for (const auto& [key, t] : tensors)
+    VIDIT_CHECK(t.defined(), "safetensors: tensor '", key, "' is undefined (writing '", file.path(), "')");
+  return write_safetensors(file, stream_of(tensors), metadata);
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  local_storage().write_atomic(path, [&](WritableFile& f) { write_safetensors(f, tensors, metadata); });
+}
+
+void save_safetensors(const std::string& path, const TensorStream& tensors,
                       const std::map<std::string, std::string>& metadata) {
   local_storage().write_atomic(path, [&](WritableFile& f) { write_safetensors(f, tensors, metadata); });
 }

@@ -24,6 +24,17 @@ class WritableFile;
 uint64_t write_safetensors(WritableFile& file, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+struct TensorStream;  // core/tensor_stream.h
+// The same from a stream: the header from its shapes and dtypes, then each tensor read, appended
+// and dropped, so that no more than one of them is held at a time. The file is byte for byte the
+// one the TensorMap versions write for the same tensors. What a read throws goes through, and a
+// tensor read that is not of its announced shape and dtype is a vidit::Error naming its key; the
+// file is then incomplete (save_safetensors leaves none behind).
+uint64_t write_safetensors(WritableFile& file, const TensorStream& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
+void save_safetensors(const std::string& path, const TensorStream& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
 // Reads every tensor of `path` into owned CPU tensors. Throws vidit::Error naming the file and
 // the offending tensor on a malformed header, unknown dtype, bad offsets or a truncated file.
 TensorMap load_safetensors(const std::string& path,

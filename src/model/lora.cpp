@@ -176,8 +176,8 @@ bool holds_lora(const TensorMap& tensors) {
   return false;
 }
 
-TensorMap merge_lora(const TensorMap& base, const TensorMap& adapters, double scale) {
-  TensorMap out = base;
+std::map<std::string, LoraPair> lora_pairs(const TensorMap& adapters, const TensorMap& base) {
+  std::map<std::string, LoraPair> out;
   for (const auto& [key, A] : adapters) {
     if (!ends_with(key, ".lora_A.weight")) continue;
     const std::string proj = key.substr(0, key.size() - std::string(".lora_A.weight").size());
@@ -192,10 +192,23 @@ TensorMap merge_lora(const TensorMap& base, const TensorMap& adapters, double sc
                     A.size(1) == W.size(1),
                 "LoRA adapter '", proj, "': lora_A ", A.sizes(), " and lora_B ", B.sizes(), " do not fit the weight ",
                 W.sizes(), " (want A [r, in], B [out, r])");
-    at::NoGradGuard no_grad;
-    const at::Tensor delta = at::mm(B.detach().to(W.device(), at::kFloat), A.detach().to(W.device(), at::kFloat));
-    out[proj + ".weight"] = (W.detach().to(at::kFloat) + scale * delta).to(W.scalar_type());
+    out.emplace(proj + ".weight", LoraPair{A, B});
   }
+  return out;
+}
+
+at::Tensor merge_lora_weight(const at::Tensor& W, const LoraPair& adapter, double scale) {
+  at::NoGradGuard no_grad;
+  // W + scale * (B A), the product scaled and W added in place of a second and a third
+  // temporary: the same operations on the same values, so the same bits.
+  at::Tensor merged = at::mm(adapter.B.detach().to(W.device(), at::kFloat), adapter.A.detach().to(W.device(), at::kFloat));
+  merged.mul_(scale).add_(W.detach().to(at::kFloat));
+  return merged.to(W.scalar_type());
+}
+
+TensorMap merge_lora(const TensorMap& base, const TensorMap& adapters, double scale) {
+  TensorMap out = base;
+  for (const auto& [weight, adapter] : lora_pairs(adapters, base)) out[weight] = merge_lora_weight(base.at(weight), adapter, scale);
   return out;
 }
 

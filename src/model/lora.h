@@ -71,6 +71,23 @@ bool holds_lora(const TensorMap& tensors);
 // projection `base` lacks or whose shapes do not fit it. `base` is not modified.
 TensorMap merge_lora(const TensorMap& base, const TensorMap& adapters, double scale);
 
+// The same one weight at a time, for a base read tensor by tensor (train/run_weights.h):
+// lora_pairs() finds and checks the adapters up front, merge_lora_weight() folds one in.
+struct LoraPair {
+  at::Tensor A;  // [r, in]
+  at::Tensor B;  // [out, r]
+};
+// The adapters of `adapters` by the weight they adapt ("<projection>.weight"), checked against
+// `base` (of which only names and shapes are read: meta tensors will do). Throws as merge_lora
+// does: naming a projection with lora_A but no lora_B, one that `base` lacks, or one whose A and B
+// do not fit its weight.
+std::map<std::string, LoraPair> lora_pairs(const TensorMap& adapters, const TensorMap& base);
+// `W` (of the shape its pair was checked against; any dtype and device) + scale * B A, computed
+// in fp32 and stored in W's dtype: bit for bit what merge_lora gives for it. `W` is not modified;
+// besides it, at most two fp32 tensors of its size are held at once (the result among them when
+// W is fp32).
+at::Tensor merge_lora_weight(const at::Tensor& W, const LoraPair& adapter, double scale);
+
 // The adapter file for diffusers and ComfyUI: "diffusion_model.<projection>.lora_A.weight",
 // ".lora_B.weight" (in `dtype`) and ".alpha" (a 0-d fp32 tensor: rank * scale).
 TensorMap lora_file_tensors(const TensorMap& adapters, double scale, at::ScalarType dtype = at::kFloat);

@@ -46,7 +46,8 @@ Grads run(DiT& model, const at::Tensor& x, const at::Tensor& t, const at::Tensor
   return run_counts(model, x, t, text, selective ? 0 : recompute, selective ? recompute : 0, precision);
 }
 
-// `loose`: names (prefixes) held to 1e-2 instead of `tol`.
+// `loose`: names (prefixes) held to 2e-2 instead of `tol` (two bf16 steps, 2^-7 of the magnitude
+// each, at any magnitude).
 void expect_close(const Grads& a, const Grads& b, double tol, const std::vector<std::string>& loose = {}) {
   EXPECT_LE((a.out - b.out).abs().max().item<double>(), tol * (1 + a.out.abs().max().item<double>())) << "output";
   for (const auto& [name, ga] : a.by_name) {
@@ -54,7 +55,7 @@ void expect_close(const Grads& a, const Grads& b, double tol, const std::vector<
     const double scale = ga.abs().max().item<double>();
     double limit = tol;
     for (const auto& prefix : loose)
-      if (name.rfind(prefix, 0) == 0) limit = 1e-2;
+      if (name.rfind(prefix, 0) == 0) limit = 2e-2;
     EXPECT_GT(scale, 0) << name << " has no gradient";
     EXPECT_LE((ga - gb).abs().max().item<double>(), limit * scale) << name << " (max " << scale << ")";
   }
@@ -86,8 +87,8 @@ TEST(Recompute, RestoresAutocastInBackward) {
   // Were the recomputation run in fp32 while the forward ran in bf16, the blocks' gradients
   // would differ from the plain bf16 run's by bf16 rounding (about 1e-2), not by fp32 summation
   // order. The text context's gradient is summed over the blocks in another order, and the
-  // text embedding's bf16 backward then rounds that difference to a bf16 step: those are held
-  // to 1e-2.
+  // text embedding's bf16 backward then rounds that difference to a bf16 step or two: those are
+  // held to 2e-2 (measured 1.2% with model/init.h's weights for seed 4).
   Config cfg = config();
   torch::manual_seed(4);
   DiT model(cfg.model);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/tensor_stream.h"
 #include "model/state_dict.h"
 
 namespace vidit {
@@ -283,7 +284,7 @@ std::string shard_name(size_t i, size_t n) {
   return buf;
 }
 
-void write_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
+void write_transformer(const TensorStream& official, const ModelConfig& cfg, const std::string& out_dir,
                        uint64_t max_shard_bytes, WeightLayout layout) {
   VIDIT_CHECK(!out_dir.empty(), "write weights: no output folder given");
   VIDIT_CHECK(max_shard_bytes > 0, "write weights to '", out_dir, "': the shard size must be > 0");
@@ -291,7 +292,7 @@ void write_transformer(const TensorMap& official, const ModelConfig& cfg, const 
               " but the ", layout == WeightLayout::diffusers ? "diffusers WanTransformer3DModel" : "official WanModel",
               " always uses ", kWanRopeTheta, ", so the written model would compute something else; train with "
               "model.rope_theta = 10000 to export");
-  check_transformer_weights(official, cfg, "the weights to write to '" + out_dir + "'");
+  check_transformer_weights(meta_tensors(official), cfg, "the weights to write to '" + out_dir + "'");
   const fs::path out = fs::path(out_dir).lexically_normal();
   const fs::path target = out.has_filename() ? out : out.parent_path();  // "dir/" -> "dir"
   if (fs::exists(target)) {
@@ -300,14 +301,14 @@ void write_transformer(const TensorMap& official, const ModelConfig& cfg, const 
                 "' exists and is not empty; give a new folder (nothing there was changed)");
   }
 
-  // Tensors in the model's order, under the layout's names, cut into shards greedily.
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  // Tensors in the model's order, under the layout's names, cut into shards greedily: each shard
+  // maps its file's names to the official ones. Only shapes are needed here.
+  std::vector<std::map<std::string, std::string>> shards(1);
   uint64_t shard_bytes = 0, total = 0;
   for (const auto& [name, shape] : transformer_shapes(cfg)) {
-    const at::Tensor& t = official.at(name);
-    const uint64_t bytes = uint64_t(t.numel()) * t.element_size();
+    const uint64_t bytes = official.info.at(name).bytes();
     if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) shards.emplace_back(), shard_bytes = 0;
-    shards.back().emplace_back(layout == WeightLayout::diffusers ? diffusers_name(name) : name, t);
+    shards.back().emplace(layout == WeightLayout::diffusers ? diffusers_name(name) : name, name);
     shard_bytes += bytes, total += bytes;
   }
 
@@ -321,8 +322,11 @@ void write_transformer(const TensorMap& official, const ModelConfig& cfg, const 
     json weight_map = json::object();
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string file = shards.size() == 1 ? kSingleName : shard_name(i, shards.size());
-      TensorMap part;
-      for (const auto& [name, t] : shards[i]) part.emplace(name, t), weight_map[name] = file;
+      // The shard's tensors under the file's names, each read from `official` when it is written.
+      const std::map<std::string, std::string>& names = shards[i];
+      TensorStream part;
+      for (const auto& [name, from] : names) part.info.emplace(name, official.info.at(from)), weight_map[name] = file;
+      part.read = [&official, &names](const std::string& name) { return official.get(names.at(name)); };
       save_safetensors((tmp / file).string(), part, {{"format", "pt"}});
     }
     if (shards.size() > 1) {
@@ -602,14 +606,24 @@ ModelConfig read_transformer_config(const std::string& path) {
   fail("config '", w.config, "' describes a '", cls, "', neither diffusers' WanTransformer3DModel nor Wan's WanModel");
 }
 
-void write_diffusers_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
+void write_diffusers_transformer(const TensorStream& official, const ModelConfig& cfg, const std::string& out_dir,
                                  uint64_t max_shard_bytes) {
   write_transformer(official, cfg, out_dir, max_shard_bytes, WeightLayout::diffusers);
 }
 
-void write_wan_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
+void write_wan_transformer(const TensorStream& official, const ModelConfig& cfg, const std::string& out_dir,
                            uint64_t max_shard_bytes) {
   write_transformer(official, cfg, out_dir, max_shard_bytes, WeightLayout::wan);
+}
+
+void write_diffusers_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
+                                 uint64_t max_shard_bytes) {
+  write_transformer(stream_of(official), cfg, out_dir, max_shard_bytes, WeightLayout::diffusers);
+}
+
+void write_wan_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
+                           uint64_t max_shard_bytes) {
+  write_transformer(stream_of(official), cfg, out_dir, max_shard_bytes, WeightLayout::wan);
 }
 
 }  // namespace vidit

@@ -27,6 +27,7 @@
 
 #include "core/config.h"
 #include "core/safetensors.h"
+#include "core/tensor_stream.h"
 
 namespace vidit {
 
@@ -113,9 +114,17 @@ inline constexpr uint64_t kDefaultMaxShardBytes = 10'000'000'000ull;
 // Refuses an `out_dir` that exists and is not empty (naming it), and cfg.rope_theta other than
 // 10000 (both layouts' models hard-code it: the written model would compute something else). Writes into a temporary sibling
 // folder renamed to `out_dir` at the end, so a failure leaves no half-written `out_dir`.
+// From a stream (core/tensor_stream.h), each tensor is read when its file is written and dropped
+// once written, so that no more than one is held at a time (`vidit export` of a checkpoint);
+// the folder is byte for byte the one the same tensors in a map give. Only shapes and dtypes
+// are checked before the first file is written; what a read throws fails the write as above.
+void write_diffusers_transformer(const TensorStream& official, const ModelConfig& cfg, const std::string& out_dir,
+                                 uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 void write_diffusers_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
                                  uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 // The same in the official layout: official names and Wan's WanModel config.json.
+void write_wan_transformer(const TensorStream& official, const ModelConfig& cfg, const std::string& out_dir,
+                           uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 void write_wan_transformer(const TensorMap& official, const ModelConfig& cfg, const std::string& out_dir,
                            uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 

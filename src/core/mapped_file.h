@@ -32,4 +32,11 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Drops this process's resident pages of [data, data + bytes) inside a read-only file mapping
+// (madvise DONTNEED, widened to whole pages): the page cache keeps them and touching them again
+// faults them back in, but they stop counting in this process's resident set. What a reader does
+// once it has copied a tensor out of a mapped file, so that reading a large file a tensor at a
+// time never holds the whole file resident.
+void release_mapped_pages(const void* data, size_t bytes);
+
 }  // namespace vidit

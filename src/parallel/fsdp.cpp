@@ -335,35 +335,47 @@ void FullyShardedDataParallel::start_reduce(Unit& u) {
   if (&u - units_.data() == backward_block_ + 1) end_backward_slice();
   in = in.view(-1);
   u.reduce_out = at::empty({u.shard_numel}, in.options());
-  u.reduce_work = shard_->reduce_scatter(in, u.reduce_out, ReduceOp::Avg);
+  u.reduce_in = in;
+  u.reduce_work = shard_->reduce_scatter(u.reduce_in, u.reduce_out, ReduceOp::Avg);
   u.reducing = true;
+  // Two in flight at most: the packed gradients of older units are not kept waiting until the
+  // end of backward (every member finishes them in the same order: backward's).
+  in_flight_.push_back(int(&u - units_.data()));
+  if (in_flight_.size() > 2) {
+    finish_reduce(units_[size_t(in_flight_.front())]);
+    in_flight_.erase(in_flight_.begin());
+  }
   release(u);  // this backward is done with the unit's weights
+}
+
+void FullyShardedDataParallel::finish_reduce(Unit& u) {
+  at::NoGradGuard no_grad;
+  u.reduce_work->wait();
+  u.reduce_work = nullptr;
+  u.reduce_in = at::Tensor();
+  at::Tensor r = u.reduce_out.to(at::kFloat);
+  if (sp_->size() > 1) sp_->all_reduce(r, ReduceOp::Sum)->wait();  // shares of one sample's gradient
+  if (replicate_->size() > 1) replicate_->all_reduce(r, ReduceOp::Avg)->wait();  // HSDP
+  for (size_t j = 0; j < u.params.size(); ++j) {
+    at::Tensor& shard = shard_map_[names_[u.params[j]]];
+    at::Tensor part = r.narrow(0, u.offset[j], u.chunk[j]);
+    if (shard.grad().defined())
+      shard.mutable_grad().add_(part);
+    else
+      shard.mutable_grad() = part.clone();
+  }
+  u.reduce_out = at::Tensor();
+  u.reduced = true;
 }
 
 void FullyShardedDataParallel::after_backward() {
   // Units whose gradients never all arrived (unused parameters) are reduced now, in unit order
-  // on every member.
+  // on every member; then every reduction still in flight is finished, oldest first.
   for (auto& u : units_)
     if (!u.reducing) start_reduce(u);
-  at::NoGradGuard no_grad;
-  for (auto& u : units_) {
-    u.reduce_work->wait();
-    u.reduce_work = nullptr;
-    at::Tensor r = u.reduce_out.to(at::kFloat);
-    if (sp_->size() > 1) sp_->all_reduce(r, ReduceOp::Sum)->wait();  // shares of one sample's gradient
-    if (replicate_->size() > 1) replicate_->all_reduce(r, ReduceOp::Avg)->wait();  // HSDP
-    for (size_t j = 0; j < u.params.size(); ++j) {
-      at::Tensor& shard = shard_map_[names_[u.params[j]]];
-      at::Tensor part = r.narrow(0, u.offset[j], u.chunk[j]);
-      if (shard.grad().defined())
-        shard.mutable_grad().add_(part);
-      else
-        shard.mutable_grad() = part.clone();
-    }
-    u.reduce_out = at::Tensor();
-    u.ready = 0;
-    u.reducing = false;
-  }
+  for (int k : in_flight_) finish_reduce(units_[size_t(k)]);
+  in_flight_.clear();
+  for (auto& u : units_) u.ready = 0, u.reducing = false, u.reduced = false;
 }
 
 void FullyShardedDataParallel::after_forward_only() {

@@ -14,9 +14,11 @@
 //  - when backward has produced all of a unit's gradients, they are packed and reduce-scattered
 //    asynchronously (averaged over "shard", in parallel.reduce_dtype), the unit's gathered
 //    weights and full gradients are freed, and backward goes on;
-//  - after_backward() (every micro-batch) waits for the reductions, sums the shares over the
-//    sp group (sequence parallel) and averages over "replicate" (HSDP), and adds the result to
-//    the shards' .grad.
+//  - at most two units' reductions are in flight: starting a third first finishes the oldest
+//    (waits for it, sums the shares over the sp group (sequence parallel), averages over
+//    "replicate" (HSDP) and adds the result to the shards' .grad, freeing its packed
+//    gradients), so a member never holds more than two units' whole gradients at once, not the
+//    whole model's; after_backward() (every micro-batch) finishes the rest.
 // Freed weights keep their tensors (autograd holds them) with their storage released; gathering
 // refills the same storage, so saved tensors see the data again.
 //
@@ -100,9 +102,11 @@ class FullyShardedDataParallel : public GradientSync {
     int64_t wire_bytes = 0;              // what one member sends (each chunk padded to 4 bytes)
     bool gathered = false, keep = false;  // keep: root, or reshard_after_forward = false
     int ready = 0;                       // gradients produced in this backward
-    bool reducing = false;
+    bool reducing = false;               // its reduce-scatter is in flight
+    bool reduced = false;                // ... and done, added to the shards' gradients
     at::Tensor gather_buf;               // [S * wire_bytes / 4] int32 while a gather is in flight
     WorkPtr gather_work;
+    at::Tensor reduce_in;                // [S * shard_numel] the packed gradients, while in flight
     at::Tensor reduce_out;               // [shard_numel]
     WorkPtr reduce_work;
   };
@@ -114,6 +118,8 @@ class FullyShardedDataParallel : public GradientSync {
   void release(Unit& u);
   void on_grad_ready(int param);
   void start_reduce(Unit& u);
+  void finish_reduce(Unit& u);  // waits for u's reduce-scatter and adds it to the shards' gradients
+  std::vector<int> in_flight_;  // units whose reduce-scatter is in flight, oldest first
   void quantize_fp8_shards();  // when a forward starts: scales agreed, shards cast (above)
   const at::Tensor& gathered(int param) const;  // where param's gathered values go
 

@@ -67,7 +67,11 @@ struct StepPlan {
   int64_t lora_params = 0;  // LoRA's adapters (model/lora.h), the only parameters that train; 0 without
   // Memory per rank, bytes.
   double weights = 0, grads = 0, optimizer = 0, ema = 0, gathered = 0, activations = 0;
-  double memory() const { return weights + grads + optimizer + ema + gathered + activations; }
+  // FSDP's gradients on their way to the shards: one unit's whole gradients as backward makes
+  // them, and the packed gradients of the (at most) two units whose reduce-scatter is in flight,
+  // each with the engine's working copy.
+  double reducing = 0;
+  double memory() const { return weights + grads + optimizer + ema + gathered + reducing + activations; }
   // The phases around the step, per rank, bytes (train/trainer.h builds the model without
   // storage, parallelizes it, then fills each rank's part: model/param_storage.h):
   //   construction  the rank's parts of the weights, AdamW and EMA, plus the transient of filling
@@ -93,10 +97,11 @@ struct StepPlan {
   double comm() const;
 };
 
-// The resident memory of a training process before its model: LibTorch and its thread pools, the
-// communicator, the loader. Measured on the CPU build as the resident set of `vidit train` after
-// its mesh and loader are up (bench/bench_memory.cpp prints it on every run).
-constexpr double kRuntimeBytes = 330.0 * (1 << 20);
+// The resident memory of a training process before its model: LibTorch and its thread pools,
+// the communicator. Measured on the CPU build as the resident set of a process with its MPI
+// communicator and mesh up (bench_memory's "runtime" row: 119-120 MiB per rank under mpirun).
+// A GPU process adds its CUDA context, which `vidit plan` does not yet count.
+constexpr double kRuntimeBytes = 120.0 * (1 << 20);
 
 // `measured`: a block's activations as measured (nullptr: the formula above).
 StepPlan plan_step(const Config& cfg, const BlockActivations* measured = nullptr);

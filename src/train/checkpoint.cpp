@@ -618,7 +618,16 @@ at::Tensor CheckpointReader::assemble(const std::string& what, const std::string
                 " does not match its checksum (the file was corrupted after it was written)");
     return it->second;
   };
-  if (name.empty() || meta_.layouts.at(name).cuts.empty()) return lookup(0).clone();
+  // Once copied out, the tensor's pages of the mapped part files are let go: reading a
+  // checkpoint a tensor at a time never keeps the whole file resident in this process.
+  auto copied = [](const at::Tensor& view, at::Tensor out) {
+    release_mapped_pages(view.data_ptr(), size_t(view.nbytes()));
+    return out;
+  };
+  if (name.empty() || meta_.layouts.at(name).cuts.empty()) {
+    const at::Tensor view = lookup(0);
+    return copied(view, view.clone());
+  }
   const Layout& l = meta_.layouts.at(name);
   int64_t pieces = 1;
   for (const Cut& c : l.cuts) pieces *= c.degree;
@@ -639,7 +648,9 @@ at::Tensor CheckpointReader::assemble(const std::string& what, const std::string
               dir_, "': '", key, "' is stored as ", parts[0].sizes(), " but its layout gives parts of ",
               c10::IntArrayRef(l.local_shape()));
   try {
-    return join_parts(l, parts);
+    at::Tensor out = join_parts(l, parts);
+    for (const at::Tensor& view : parts) release_mapped_pages(view.data_ptr(), size_t(view.nbytes()));
+    return out;
   } catch (const Error& e) {
     fail("checkpoint '", dir_, "': ", what, " '", key, "': ", e.what());
   }

@@ -69,7 +69,7 @@ TEST(Snapshots, OneSetOrNoneSaveWhatTwoSave) {
 TEST(MemoryPlan, ARunThatDoesNotFitTheNodeIsRefusedAtStart) {
   ScratchDir dir("no_fit");
   Config c = config(dir.path(), 2);
-  c.train.host_memory_gb = 0.2;  // less than the runtime alone
+  c.train.host_memory_gb = 0.1;  // less than the runtime alone (120 MiB)
   const std::string err = test::message_of([&] { make(c); });
   EXPECT_NE(err.find("does not fit"), std::string::npos) << err;
   EXPECT_NE(err.find("train.host_memory_gb"), std::string::npos) << err;

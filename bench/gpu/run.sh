@@ -161,6 +161,12 @@ else
   STATUS[build]=ok; DETAIL[build]="$((SECONDS - t0))s"
 fi
 
+# Every bench_train_step row below also runs the GPU path of "build, parallelize, then allocate"
+# (session 22): the model is built on the GPU without storage (core/unallocated.h) and each
+# parameter is allocated and filled there (ParallelModel::init_parts); the Torchrun one-GPU test
+# does the same under FSDP (parallel.apply_all), whose gathers allocate through the CUDA caching
+# allocator into storage that never held memory before.
+
 # ---- tests --------------------------------------------------------------------------------
 # The CUDA kernels against their CPU references, the model on CUDA against the CPU, the NCCL
 # engine (CUDA and staged CPU tensors), and the multi-GPU code path on one GPU: one torchrun

@@ -152,15 +152,14 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   plan.runtime = kRuntimeBytes;
   // Gathered weights fill the model's fp32 parameters, or e4m3 copies of the FP8 ones.
   const double block_held = 4 * (block - block_fp8) + block_fp8;
-  // Two blocks' weights, and the receive buffer of the one gather in flight (the next block's,
-  // prefetched: as many bytes as the block's weights on the wire).
+  plan.gathered = p.shard > 1 ? 4 * root + std::min<double>(2, m.layers) * block_held : 0;
+  // FSDP's buffers (plan.h): the receive buffer of the gather in flight (the next block's,
+  // prefetched: its weights as they travel), one unit's whole gradients as backward makes them,
+  // the packed gradients of the two units whose reduce-scatter is in flight, and the engine's
+  // working copy of each (MPI's reduce-scatter reduces into a buffer of the whole input).
   const double wire = double(c10::elementSize(gather.dtype)) * (block - block_fp8) + block_fp8;
-  plan.gathered = p.shard > 1 ? 4 * root + std::min<double>(2, m.layers) * block_held + wire : 0;
-  // One unit's whole gradients as backward makes them, the packed gradients of the two units whose
-  // reduce-scatter is in flight, and the engine's working copy of each (MPI's reduce-scatter
-  // reduces into a buffer of the whole input).
   const double unit = std::max(root, block), packed = p.reduce_dtype == Precision::bf16 ? 2 : 4;
-  plan.reducing = p.shard > 1 && cfg.lora.rank == 0 ? 4 * unit + 2 * 2 * packed * unit : 0;
+  plan.fsdp_buffers = p.shard > 1 && cfg.lora.rank == 0 ? wire + 4 * unit + 2 * 2 * packed * unit : 0;
   // Blocks recomputed whole keep their input only, those recomputed selectively also the
   // self-attention's q, k, v and output (5 [b, L, d] values, q, k, v and the output in bf16 when
   // autocast is on); one of them at a time holds its full activations again during its backward.
@@ -246,7 +245,7 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
   std::ostringstream os;
   os << "mesh            " << mesh_name(cfg.parallel) << " (" << plan.world << " ranks)\n"
      << "per rank        weights " << human(plan.weights) << ", grads " << human(plan.grads) << ", AdamW "
-     << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered) << ", reducing " << human(plan.reducing)
+     << human(plan.optimizer) << ", EMA " << human(plan.ema) << ", gathered " << human(plan.gathered) << ", FSDP buffers " << human(plan.fsdp_buffers)
      << ", activations ~" << human(plan.activations)
      << (plan.measured_activations ? " (a block's, measured)" : " (estimate)") << "\n"
      << "                total ~" << human(plan.memory()) << "\n"

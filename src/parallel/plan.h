@@ -67,11 +67,11 @@ struct StepPlan {
   int64_t lora_params = 0;  // LoRA's adapters (model/lora.h), the only parameters that train; 0 without
   // Memory per rank, bytes.
   double weights = 0, grads = 0, optimizer = 0, ema = 0, gathered = 0, activations = 0;
-  // FSDP's gradients on their way to the shards: one unit's whole gradients as backward makes
-  // them, and the packed gradients of the (at most) two units whose reduce-scatter is in flight,
-  // each with the engine's working copy.
-  double reducing = 0;
-  double memory() const { return weights + grads + optimizer + ema + gathered + reducing + activations; }
+  // FSDP's transient buffers: the receive buffer of the gather in flight, one unit's whole
+  // gradients as backward makes them, and the packed gradients of the (at most) two units whose
+  // reduce-scatter is in flight, each with the engine's working copy.
+  double fsdp_buffers = 0;
+  double memory() const { return weights + grads + optimizer + ema + gathered + fsdp_buffers + activations; }
   // The phases around the step, per rank, bytes (train/trainer.h builds the model without
   // storage, parallelizes it, then fills each rank's part: model/param_storage.h):
   //   construction  the rank's parts of the weights, AdamW and EMA, plus the transient of filling

@@ -432,7 +432,8 @@ Trainer::Staged Trainer::read_checkpoint(const std::string& dir, Storage& storag
   const CheckpointState& meta = ckpt.meta();
   auto mine = [&](const char* what, const std::string& key) {
     watchdog_->beat("loading a checkpoint", -1, /*adaptive=*/false);
-    return pm_->local(key, ckpt.whole(what, key)).to(at::kCPU).clone();
+    // ckpt.whole() is a fresh copy and local() cuts a fresh part of it: no third copy.
+    return pm_->local(key, ckpt.whole(what, key)).to(at::kCPU);
   };
   Staged s;
   s.dir = dir;

@@ -36,6 +36,8 @@ extern "C" {
 #include <libswscale/swscale.h>
 }
 
+#include "video/ffmpeg_handles.h"
+
 namespace vidit {
 
 namespace {
@@ -50,23 +52,11 @@ std::string av_error_text(int err) {
 struct FormatCloser {
   void operator()(AVFormatContext* c) const { avformat_close_input(&c); }
 };
-struct CodecCloser {
-  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
-};
-struct PacketFreer {
-  void operator()(AVPacket* p) const { av_packet_free(&p); }
-};
-struct FrameFreer {
-  void operator()(AVFrame* f) const { av_frame_free(&f); }
-};
-struct SwsFreer {
-  void operator()(SwsContext* s) const { sws_freeContext(s); }
-};
 using FormatPtr = std::unique_ptr<AVFormatContext, FormatCloser>;
-using CodecPtr = std::unique_ptr<AVCodecContext, CodecCloser>;
-using PacketPtr = std::unique_ptr<AVPacket, PacketFreer>;
-using FramePtr = std::unique_ptr<AVFrame, FrameFreer>;
-using SwsPtr = std::unique_ptr<SwsContext, SwsFreer>;
+using ffmpeg::CodecPtr;
+using ffmpeg::FramePtr;
+using ffmpeg::PacketPtr;
+using ffmpeg::SwsPtr;
 
 // Library log output at INFO/WARNING level (deprecated-format notices, per-packet concealment
 // chatter) drowns training logs; errors still print. A level the application set is kept.

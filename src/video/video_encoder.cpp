@@ -39,6 +39,8 @@ extern "C" {
 #include <libswscale/swscale.h>
 }
 
+#include "video/ffmpeg_handles.h"
+
 namespace vidit {
 
 namespace {
@@ -61,18 +63,6 @@ void quiet_ffmpeg_logs() {
   });
 }
 
-struct CodecFreer {
-  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
-};
-struct PacketFreer {
-  void operator()(AVPacket* p) const { av_packet_free(&p); }
-};
-struct FrameFreer {
-  void operator()(AVFrame* f) const { av_frame_free(&f); }
-};
-struct SwsFreer {
-  void operator()(SwsContext* s) const { sws_freeContext(s); }
-};
 // The muxer context and the file it writes: closes the file (if still open), then frees.
 struct OutputFreer {
   void operator()(AVFormatContext* c) const {
@@ -80,10 +70,10 @@ struct OutputFreer {
     avformat_free_context(c);
   }
 };
-using CodecPtr = std::unique_ptr<AVCodecContext, CodecFreer>;
-using PacketPtr = std::unique_ptr<AVPacket, PacketFreer>;
-using FramePtr = std::unique_ptr<AVFrame, FrameFreer>;
-using SwsPtr = std::unique_ptr<SwsContext, SwsFreer>;
+using ffmpeg::CodecPtr;
+using ffmpeg::FramePtr;
+using ffmpeg::PacketPtr;
+using ffmpeg::SwsPtr;
 using OutputPtr = std::unique_ptr<AVFormatContext, OutputFreer>;
 
 // An AVDictionary of options that is freed on every path.

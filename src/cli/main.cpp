@@ -866,7 +866,7 @@ int main(int argc, char** argv) {
     return kCorruptionStatus;
   } catch (const CheckpointUnreadable& e) {
     // Not proof of damage: the checkpoint was left as it is; the same command may succeed later.
-    std::fprintf(stderr, "error: %s\n", e.what());
+    if (!e.reported) std::fprintf(stderr, "error: %s\n", e.what());
     abort_world(kUnreadableCheckpointStatus);
     return kUnreadableCheckpointStatus;
   } catch (const Error& e) {

@@ -77,6 +77,9 @@ class CheckpointUnreadable : public Error {
  public:
   CheckpointUnreadable(const std::string& what, int code) : Error(what), code_(code) {}
   int code() const { return code_; }
+  // Every rank has printed the message already (the ranks agreed on it, and waited for one
+  // another to print before any ends the job): whoever catches it need not print it again.
+  bool reported = false;
 
  private:
   int code_;

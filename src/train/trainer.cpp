@@ -328,6 +328,16 @@ void Trainer::check_memory_plan() const {
               "). Change ", worst->keys, ", or run fewer ranks per node");
 }
 
+void Trainer::agreed_unreadable(CheckpointUnreadable e) const {
+  // Every rank reached this after the same all-gather: each prints, then all wait for one
+  // another, so that a rank ending the job (abort_world) cannot cut off another's message.
+  std::fprintf(stderr, "error: %s\n", e.what());
+  std::fflush(stderr);
+  mesh_->world()->barrier();
+  e.reported = true;
+  throw e;
+}
+
 bool Trainer::writes_part() const {
   const CheckpointPart part = pm_->part();
   return std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
@@ -622,12 +632,12 @@ bool Trainer::resume() {
                 ranks_with(all, 2), why.empty() ? "; see their message above" : ": " + why,
                 ". Nothing was changed: fix the config to match it, or start this config in another train.out_dir");
     if (!ranks_with(all, 3).empty() || !ranks_with(all, 4).empty())
-      throw CheckpointUnreadable("checkpoint " + dir + " could not be read on " + ranks_with(all, 3) +
+      agreed_unreadable(CheckpointUnreadable("checkpoint " + dir + " could not be read on " + ranks_with(all, 3) +
                                      (ranks_with(all, 3).empty() || ranks_with(all, 4).empty() ? "" : ", and failed on ") +
                                      ranks_with(all, 4) + own + ". That is no proof it is damaged: nothing was set aside " +
                                      "or changed. Fix what the message says (storage, permissions, memory, the vidit " +
                                      "version) and run the same command again",
-                                 0);
+                                 0));
     if (st.max().item<double>() == 0) {
       VIDIT_CHECK(all.select(1, 2).min().item<double>() == all.select(1, 2).max().item<double>(), "the ranks read ",
                   dir, " as different steps (", all.select(1, 2).min().item<double>(), " to ",
@@ -648,13 +658,13 @@ bool Trainer::resume() {
     const bool same_file = st.min().item<double>() == 1 &&
                            all.select(1, 1).min().item<double>() == all.select(1, 1).max().item<double>();
     if (!same_file)
-      throw CheckpointUnreadable("checkpoint " + dir + ": " + ranks_with(all, 1) + " found it corrupt" +
+      agreed_unreadable(CheckpointUnreadable("checkpoint " + dir + ": " + ranks_with(all, 1) + " found it corrupt" +
                                      (ranks_with(all, 0).empty() ? " in different files" : " but " + ranks_with(all, 0) +
                                                                                              " read it whole") +
                                      own + ". The ranks disagree, which proves no damage (a host's storage or memory " +
                                      "may be at fault): nothing was set aside or changed. Check those hosts (vidit health) " +
                                      "and run the same command again",
-                                 0);
+                                 0));
     if (is_lead()) std::fprintf(stderr, "checkpoint %s cannot be used: %s\n", dir.c_str(), why.c_str());
     corrupt.emplace_back(dir, why);
   }

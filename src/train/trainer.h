@@ -202,6 +202,8 @@ class Trainer {
   // Refuses (vidit::Error naming the phase, the figure and the keys) a run whose memory plan
   // needs more host memory on this node than it has (train.host_memory_gb).
   void check_memory_plan() const;
+  // Prints `e` on this rank, waits for every rank to have done so, and throws it marked reported.
+  [[noreturn]] void agreed_unreadable(CheckpointUnreadable e) const;
   int64_t reserve_snapshots();  // allocates and touches the sets; returns their bytes
   std::string finish_oldest_save();  // finish_save() for the oldest save in flight only
   std::optional<SaveReport> sync_report_;

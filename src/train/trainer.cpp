@@ -247,12 +247,7 @@ void Trainer::start_save() {
   job.storage = &faults_.storage_for_save(step_, local_storage());
   // Each rank keeps the keys it writes: its part of a parameter when it is that part's writer,
   // and (rank 0) the keys that name no parameter.
-  auto mine = [&](const TensorMap& m) {
-    TensorMap out;
-    for (const auto& [key, t] : m)
-      if (pm_->writes(key)) out[key] = t;
-    return out;
-  };
+  auto mine = [&](const TensorMap& m) { return written_part(m); };
   const TensorMap model = mine(pm_->params());
   const TensorMap ema = ema_ ? mine(ema_->weights()) : TensorMap{};
   if (ema_) s.ema_updates = ema_->updates();
@@ -338,6 +333,13 @@ void Trainer::agreed_unreadable(CheckpointUnreadable e) const {
   throw e;
 }
 
+TensorMap Trainer::written_part(const TensorMap& m) const {
+  TensorMap out;
+  for (const auto& [key, t] : m)
+    if (pm_->writes(key)) out[key] = t;
+  return out;
+}
+
 bool Trainer::writes_part() const {
   const CheckpointPart part = pm_->part();
   return std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
@@ -347,12 +349,7 @@ bool Trainer::writes_part() const {
 
 int64_t Trainer::reserve_snapshots() {
   if (!writes_part() || cfg_.train.ckpt_snapshots == 0) return 0;
-  auto mine = [&](const TensorMap& m) {
-    TensorMap out;
-    for (const auto& [key, t] : m)
-      if (pm_->writes(key)) out[key] = t;
-    return out;
-  };
+  auto mine = [&](const TensorMap& m) { return written_part(m); };
   const TensorMap model = mine(pm_->params()), ema = ema_ ? mine(ema_->weights()) : TensorMap{},
                   optimizer = mine(opt_->state());
   int64_t bytes = 0;

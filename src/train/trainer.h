@@ -199,6 +199,7 @@ class Trainer {
   int snap_slot_ = 0;
   int64_t snapshot_bytes_ = 0;  // their bytes, reserved at construction
   bool writes_part() const;     // this rank writes a part of each checkpoint
+  TensorMap written_part(const TensorMap& m) const;  // the keys of `m` this rank writes
   // Refuses (vidit::Error naming the phase, the figure and the keys) a run whose memory plan
   // needs more host memory on this node than it has (train.host_memory_gb).
   void check_memory_plan() const;

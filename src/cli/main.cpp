@@ -38,6 +38,7 @@
 #include "diagnose/crashes.h"
 #include "diagnose/doctor.h"
 #include "diagnose/health.h"
+#include "pipeline/sampling_ranks.h"
 #include "pipeline/training_samples.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
@@ -462,16 +463,33 @@ int sample_wan(Config cfg, const SampleArgs& a) {
                       : !cfg.sample.negative_prompt.empty() ? cfg.sample.negative_prompt
                       : !a.weights.empty()                  ? std::string(kWanNegativePrompt)
                                                             : std::string();
-  const at::Device device = train_device(cfg, detect_launch_env());
+  // Under mpirun / torchrun / srun every rank takes a share of each sample (pipeline/sampling_ranks.h)
+  // and rank 0 writes it; the ranks first agree that they were given the same job.
+  const LaunchEnv env = detect_launch_env();
+  const at::Device device = train_device(cfg, env);
+  check_video_request(r, cfg.model);
+  const SamplingRanks ranks = make_sampling_ranks(cfg, latent_shape(r, cfg.model), make_world_comm(env, device.type()));
+  const bool lead = ranks.lead();
   const bool one_file = a.prompts.size() == 1 && a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".mp4";
-  check_output_writable(a.out, one_file);
-  std::printf("sampling %zu prompt(s): %s, %lld frames at %lldx%lld, %s %lld steps, shift %g, guidance %g, on %s\n",
-              a.prompts.size(), source.c_str(), (long long)r.frames, (long long)r.width, (long long)r.height,
-              name_of(cfg.sample.solver).c_str(), (long long)cfg.sample.steps, cfg.sample.shift, cfg.sample.cfg_scale,
-              device.str().c_str());
+  if (lead) check_output_writable(a.out, one_file);
+  if (ranks.size() > 1) {
+    std::string job = std::to_string(r.frames) + "x" + std::to_string(r.width) + "x" + std::to_string(r.height) + " seed " +
+                      std::to_string(r.seed) + "\n" + r.negative_prompt;
+    for (const auto& p : a.prompts) job += "\n" + p;
+    check_ranks_agree(*ranks.world,
+                      {fingerprint(config_to_toml(cfg)), fingerprint(job),
+                       weights_fingerprint(transformer.empty() ? read_transformer_weights(w.transformer) : transformer)},
+                      {"a config", "prompts or video settings", "transformer weights"});
+  }
+  if (lead)
+    std::printf("sampling %zu prompt(s): %s, %lld frames at %lldx%lld, %s %lld steps, shift %g, guidance %g, on %s%s\n",
+                a.prompts.size(), source.c_str(), (long long)r.frames, (long long)r.width, (long long)r.height,
+                name_of(cfg.sample.solver).c_str(), (long long)cfg.sample.steps, cfg.sample.shift, cfg.sample.cfg_scale,
+                device.str().c_str(), ranks.size() > 1 ? (", " + ranks.describe()).c_str() : "");
   for (size_t i = 0; i < a.prompts.size(); ++i) {
     r.prompt = a.prompts[i];
-    VideoResult v = generate_video(cfg, w, r, device, transformer);
+    VideoResult v = generate_video(cfg, w, r, device, transformer, true, &ranks);
+    if (!lead) continue;
     std::string path = a.out;
     if (!one_file) {
       std::string name = a.prompts[i].substr(0, 60);

@@ -293,7 +293,11 @@ using StrList = std::vector<std::string>;
   KEY(StrList, prompts, {}, any,                                                                       \
       "captions sampled during training (needs text.encoder or data.text_encoder = \"demo\"); empty: "   \
       "sample.count captions of the cache, each with its cached embedding at its own bucket's size")      \
-  KEY(int64_t, count, 4, positive, "with sample.prompts empty: how many of the cache's captions to sample")
+  KEY(int64_t, count, 4, positive, "with sample.prompts empty: how many of the cache's captions to sample") \
+  KEY(Precision, dtype, Precision::fp32, fp32_or_bf16,                                                 \
+      "the DiT's weights while sampling: \"fp32\", or \"bf16\" (half the memory; the compute is bf16 autocast either way on a GPU, and on the CPU too with bf16)") \
+  KEY(bool, cfg_parallel, true, any,                                                                   \
+      "sampling on an even number of ranks with guidance: the prompt's and the negative prompt's passes on two halves of the ranks (pipeline/sampling_ranks.h)")
 
 // Low-rank adapters (model/lora.h): fine-tuning that trains small matrices beside the blocks'
 // frozen projections (usually from train.init_from). rank 0: off.

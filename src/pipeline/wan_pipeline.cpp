@@ -14,7 +14,9 @@
 #include "core/precision.h"
 #include "core/progress.h"
 #include "diffusion/sampler.h"
+#include "core/unallocated.h"
 #include "model/dit.h"
+#include "parallel/parallelize.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "text/text_encoder.h"
@@ -119,62 +121,119 @@ std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m) {
   return {1, m.in_channels, (r.frames - 1) / 4 + 1, r.height / 8, r.width / 8};
 }
 
+namespace {
+
+// The DiT's weights to sample with: official names, whole (mapped from the file, or given).
+TensorMap transformer_weights(const WanWeights& weights, const TensorMap& given) {
+  return given.empty() ? read_transformer_weights(weights.transformer) : given;
+}
+
+// sample.dtype = "bf16": the projections' weights (every 2-D parameter: the Linear layers, the
+// bulk of the DiT) are held in bf16, the norms, modulation tables and biases in fp32. Before any
+// memory is given to them (a model built without storage).
+void hold_projections_in(DiTImpl& model, at::ScalarType dtype) {
+  if (dtype == at::kFloat) return;
+  torch::NoGradGuard ng;
+  for (auto& p : model.parameters())
+    if (p.dim() == 2) p.set_data(unallocated(p.sizes(), p.options().dtype(dtype)));
+}
+
+}  // namespace
+
 VideoResult generate_video(const Config& cfg, const WanWeights& weights, const VideoRequest& request,
-                           at::Device device, const TensorMap& transformer, bool verbose) {
+                           at::Device device, const TensorMap& transformer, bool verbose, const SamplingRanks* ranks) {
   c10::InferenceMode inference;
   check_video_request(request, cfg.model);
+  const bool many = ranks && ranks->size() > 1;
+  const bool lead = !ranks || ranks->lead();
+  verbose = verbose && lead;
   VideoResult out;
 
-  // 1. Text: the prompt and the negative prompt (or the null prompt) through umT5, then freed.
+  // 1. Text: the prompt and the negative prompt (or the null prompt) through umT5, then freed;
+  //    with many ranks, on rank 0, the two contexts broadcast.
   at::Tensor context, negative;
   {
     PhaseMeter meter("text", device);
-    text::TextEncoderOptions topt = text::text_encoder_options(cfg);
-    topt.encoder = weights.text_encoder;
-    topt.tokenizer = weights.tokenizer;
-    topt.device = device;
-    text::TextEncoder encoder(topt);
-    VIDIT_CHECK(encoder.dim() == cfg.model.text_dim, "the text encoder '", weights.text_encoder, "' makes ",
-                encoder.dim(), "-wide embeddings but the transformer takes model.text_dim = ", cfg.model.text_dim);
-    text::EncodedCaptions enc = encoder.encode_captions({request.prompt, request.negative_prompt});
-    if (enc.truncated[0])
-      std::fprintf(stderr, "warning: the prompt is longer than %lld tokens and was cut there\n",
-                   (long long)encoder.text_len());
-    context = enc.embedding.slice(0, 0, 1);
-    negative = enc.embedding.slice(0, 1, 2);
+    at::Tensor both;
+    if (lead) {
+      text::TextEncoderOptions topt = text::text_encoder_options(cfg);
+      topt.encoder = weights.text_encoder;
+      topt.tokenizer = weights.tokenizer;
+      topt.device = device;
+      text::TextEncoder encoder(topt);
+      VIDIT_CHECK(encoder.dim() == cfg.model.text_dim, "the text encoder '", weights.text_encoder, "' makes ",
+                  encoder.dim(), "-wide embeddings but the transformer takes model.text_dim = ", cfg.model.text_dim);
+      text::EncodedCaptions enc = encoder.encode_captions({request.prompt, request.negative_prompt});
+      if (enc.truncated[0])
+        std::fprintf(stderr, "warning: the prompt is longer than %lld tokens and was cut there\n",
+                     (long long)encoder.text_len());
+      both = enc.embedding;
+    }
+    if (many) both = broadcast_any(*ranks->world, both, 0, device);
+    context = both.slice(0, 0, 1);
+    negative = both.slice(0, 1, 2);
     out.phases.push_back(meter.done());
   }
   if (verbose)
     std::printf("[sample] text encoded in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
 
-  // 2. Denoise: the DiT with guidance, stepped by the configured solver; freed at the end.
+  // 2. Denoise: the DiT with guidance, stepped by the configured solver; freed at the end. With
+  //    many ranks: parallelized on this rank's mesh (sampling_ranks.h), its part of the weights
+  //    copied from the mapped file, guidance on two halves when the ranks are so laid out.
   {
     PhaseMeter meter("denoise", device);
     at::Tensor noise = at::randn(latent_shape(request, cfg.model),
                                  at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
+    const at::ScalarType weight_dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
     DiT model = dit_without_storage(cfg.model, device);  // filled on the device, a tensor at a time
-    if (!transformer.empty()) {
-      load_state_dict(*model, transformer, "the given transformer weights");
+    std::unique_ptr<ParallelModel> pm;
+    if (!many) {
+      hold_projections_in(*model, weight_dtype);
+      load_state_dict(*model, transformer_weights(weights, transformer),
+                      transformer.empty() ? weights.transformer : "the given transformer weights");
     } else {
-      load_state_dict(*model, read_transformer_weights(weights.transformer), weights.transformer);
+      const bool sharded = ranks->mesh_config.parallel.shard > 1;
+      if (!sharded) hold_projections_in(*model, weight_dtype);  // FSDP's shards stay fp32 (1/S each)
+      pm = parallelize(model, ranks->mesh, ranks->mesh_config);
+      const TensorMap whole = transformer_weights(weights, transformer);
+      check_state_dict(pm->whole_shapes(), whole, transformer.empty() ? weights.transformer : "the given weights");
+      torch::NoGradGuard ng;
+      for (const auto& [name, p] : pm->params()) {
+        allocate(p);
+        p.copy_(pm->local(name, whole.at(name)));
+      }
     }
     model->eval();
-    model->to(device);
-    // Step i/N with rate and time left: guidance evaluates both branches in one call, so one
-    // call is one step.
+    // Step i/N with rate and time left: guidance evaluates both branches in one call (or one on
+    // each half of the ranks), so one call is one step.
     Progress::Options po;
     po.label = "sample";
     po.unit = "step";
     po.total = cfg.sample.steps;
     if (!verbose) po.out = nullptr;
     Progress progress(po);
+    const bool autocast_bf16 = device.is_cuda() || weight_dtype == at::kBFloat16;
+    const bool halves = many && ranks->halves;
     auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
-      AutocastGuard autocast(device.type(), device.is_cuda(), at::kBFloat16);
-      at::Tensor v = model->forward(x, t, txt).to(at::kFloat);
+      at::Tensor v;
+      {
+        AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
+        v = model->forward(x, t, txt).to(at::kFloat);
+      }
+      if (halves) v = combine_guidance(*ranks, v, cfg.sample.cfg_scale);
       progress.advance();  // on a GPU the launch queue fills within a step, so the rate is right after one
       return v;
     };
-    at::Tensor lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
+    at::Tensor lat;
+    if (halves) {  // this half's text; the field combines the two halves' velocities itself
+      SampleConfig one = cfg.sample;
+      one.cfg_scale = 1.0;
+      lat = sample_latents(field, noise.to(device), (ranks->branch == 0 ? context : negative).to(device),
+                           negative.to(device), one);
+    } else {
+      lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
+    }
+    if (pm) pm->after_forward_only();
     progress.finish();
     out.latents = lat.to(at::kCPU, at::kFloat);
     out.phases.push_back(meter.done());
@@ -182,15 +241,21 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
   if (verbose) std::printf("[sample] denoised in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
 
   // 3. Decode: the Wan VAE decoder, in causal chunks (tiled for frames wider than 512 pixels).
+  //    With many ranks a tiled decode shares its tiles among them; an untiled one is rank 0's.
   {
     PhaseMeter meter("decode", device);
-    WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(device));
-    load_wan_vae(*vae, weights.vae);
-    vae->eval();
     VaeRunOptions ro;
     ro.tiling.enabled = request.width > 512 || request.height > 512;
-    at::Tensor video = vae->decode_latents(out.latents.to(device), ro);  // [1, 3, F, H, W] in [-1, 1]
-    out.frames = ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous();
+    TileShare share;
+    if (many && ro.tiling.enabled) share = tile_share(*ranks, device), ro.share = &share;
+    if (lead || ro.share) {
+      WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(device));
+      load_wan_vae(*vae, weights.vae);
+      vae->eval();
+      at::Tensor video = vae->decode_latents(out.latents.to(device), ro);  // [1, 3, F, H, W] in [-1, 1]
+      if (lead)
+        out.frames = ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous();
+    }
     out.phases.push_back(meter.done());
   }
   if (verbose) std::printf("[sample] decoded in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);

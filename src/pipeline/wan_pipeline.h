@@ -24,6 +24,7 @@
 
 #include "core/config.h"
 #include "core/safetensors.h"
+#include "pipeline/sampling_ranks.h"
 
 namespace vidit {
 
@@ -78,8 +79,13 @@ std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m);
 // a release). `transformer` when defined: the DiT's weights in official names (e.g. a vidit
 // checkpoint's EMA), instead of reading weights.transformer. On CUDA the DiT runs under bf16
 // autocast with fp32 weights, as training does.
+// `ranks`: the ranks of a sampling job (sampling_ranks.h; nullptr or one rank: this process does
+// everything), every one of which calls this with the same arguments; frames are then returned on
+// rank 0 only, latents on every rank. sample.dtype = "bf16" holds the DiT's projections in bf16
+// (with FSDP, parallel.shard > 1, the shards stay fp32) and runs it under bf16 autocast on the CPU too.
 VideoResult generate_video(const Config& cfg, const WanWeights& weights, const VideoRequest& request,
-                           at::Device device, const TensorMap& transformer = {}, bool verbose = true);
+                           at::Device device, const TensorMap& transformer = {}, bool verbose = true,
+                           const SamplingRanks* ranks = nullptr);
 
 // Writes result.frames to `path` as an H.264 MP4 at `fps`.
 void write_video(const std::string& path, const at::Tensor& frames, double fps);

@@ -44,16 +44,30 @@ int64_t scaled(int64_t v, int64_t num, int64_t den, const char* what) {
 }  // namespace
 
 at::Tensor tiled_apply(const at::Tensor& x, int64_t tile, int64_t stride, int64_t num, int64_t den,
-                       const std::function<at::Tensor(const at::Tensor&)>& fn) {
+                       const std::function<at::Tensor(const at::Tensor&)>& fn, const TileShare* share) {
   const int64_t H = x.size(-2), W = x.size(-1);
   const auto rows = tile_spans(H, tile, stride), cols = tile_spans(W, tile, stride);
   const int64_t Ho = scaled(H, num, den, "frame height"), Wo = scaled(W, num, den, "frame width");
+  auto input = [&](size_t i, size_t j) {
+    return x.slice(-2, rows[i].begin, rows[i].end).slice(-1, cols[j].begin, cols[j].end);
+  };
+  // Shared: this process's tiles first (they are what it spends its time on), blended below.
+  std::vector<at::Tensor> own;
+  if (share) {
+    VIDIT_CHECK(share->count >= 1 && share->index >= 0 && share->index < share->count && share->share,
+                "tiling: a TileShare needs 0 <= index < count and a share function");
+    own.resize(rows.size() * cols.size());
+    for (size_t k = size_t(share->index); k < own.size(); k += size_t(share->count))
+      own[k] = fn(input(k / cols.size(), k % cols.size()));
+  }
   at::Tensor out, weight_sum;
   for (size_t i = 0; i < rows.size(); ++i) {
     at::Tensor wr = axis_weights(rows, i, num, den, x.options());
     for (size_t j = 0; j < cols.size(); ++j) {
       const TileSpan r = rows[i], c = cols[j];
-      at::Tensor y = fn(x.slice(-2, r.begin, r.end).slice(-1, c.begin, c.end));
+      const size_t k = i * cols.size() + j;
+      at::Tensor y = share ? share->share(k, int(k % size_t(share->count)), own[k]) : fn(input(i, j));
+      if (share) own[k] = at::Tensor();
       const int64_t r0 = scaled(r.begin, num, den, "tile start"), r1 = scaled(r.end, num, den, "tile end");
       const int64_t c0 = scaled(c.begin, num, den, "tile start"), c1 = scaled(c.end, num, den, "tile end");
       VIDIT_CHECK(y.dim() >= 2 && y.size(-2) == r1 - r0 && y.size(-1) == c1 - c0, "tiling: a tile of ",

@@ -23,11 +23,22 @@ struct TileSpan {
 // Tile spans along an axis of `size` pixels. Requires 0 < stride <= tile.
 std::vector<TileSpan> tile_spans(int64_t size, int64_t tile, int64_t stride);
 
+// Tiles shared among processes (a sampling job's ranks, pipeline/sampling_ranks.h): tile k (row
+// major) is computed by process k % count only; every process first computes its own tiles, then
+// for each tile in order calls share(k, owner, output) (the owner passes its output, the others an
+// undefined tensor) and blends what it returns. Every process must call tiled_apply together and
+// get every tile's output back from share; the blend is then the same, in the same order, as one
+// process's.
+struct TileShare {
+  int index = 0, count = 1;
+  std::function<at::Tensor(size_t tile, int owner, const at::Tensor& output)> share;
+};
+
 // Applies `fn` to x[..., h-tile, w-tile] for every tile of the last two dims of x and blends the
-// outputs. fn maps an input tile of (h, w) pixels to an output of (h * num / den, w * num / den)
+// outputs (with `share`: the tiles split among processes as above). fn maps an input tile of (h, w) pixels to an output of (h * num / den, w * num / den)
 // pixels on its last two dims with the same leading dims for every tile (checked). Every tile
 // start and end times num/den must be an integer (checked). Throws vidit::Error otherwise.
 at::Tensor tiled_apply(const at::Tensor& x, int64_t tile, int64_t stride, int64_t num, int64_t den,
-                       const std::function<at::Tensor(const at::Tensor&)>& fn);
+                       const std::function<at::Tensor(const at::Tensor&)>& fn, const TileShare* share = nullptr);
 
 }  // namespace vidit

@@ -174,7 +174,7 @@ at::Tensor WanVAEImpl::decode(const at::Tensor& z, const VaeRunOptions& opts) {
     VIDIT_CHECK(t.tile % sf == 0 && t.stride % sf == 0, "VAE tiling: tile (", t.tile, ") and stride (", t.stride,
                 ") must be multiples of ", sf, " pixels");
     return tiled_apply(z, t.tile / sf, t.stride / sf, sf, 1,
-                       [&](const at::Tensor& tile) { return decode_untiled(tile, opts.chunked); });
+                       [&](const at::Tensor& tile) { return decode_untiled(tile, opts.chunked); }, opts.share);
   }
   return decode_untiled(z, opts.chunked);
 }

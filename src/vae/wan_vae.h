@@ -34,6 +34,7 @@
 
 #include "core/safetensors.h"
 #include "vae/causal_conv.h"
+#include "vae/tiling.h"
 #include "vae/vae_blocks.h"
 
 namespace vidit {
@@ -82,6 +83,8 @@ struct VaeRunOptions {
   // the whole clip in one pass; same result, memory grows with the clip length.
   bool chunked = true;
   VaeTiling tiling;
+  // The tiles split among processes (vae/tiling.h); nullptr: all here.
+  const TileShare* share = nullptr;
 };
 
 // Diagonal Gaussian posterior in the network's own (unnormalised) latent space.

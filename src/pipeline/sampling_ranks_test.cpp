@@ -161,8 +161,11 @@ TEST_P(SamplingMesh, LatentsAndFramesEqualOneProcess) {
                                    std::to_string(j.width) + " VIDIT_SAMPLE_SETS='" + j.sets + "'",
                                300);
   test::expect_workers_passed(r, j.ranks);
-  const size_t at = r.output.find("layout: ");
-  if (at != std::string::npos) std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+  for (const char* what : {"layout: ", "latents within"})  // the job's layout and each rank's error
+    for (size_t at = r.output.find(what); at != std::string::npos; at = r.output.find(what, at + 1)) {
+      const size_t line = r.output.rfind('\n', at) + 1;
+      std::printf("%s\n", r.output.substr(line, r.output.find('\n', at) - line).c_str());
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(

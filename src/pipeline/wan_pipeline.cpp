@@ -140,6 +140,64 @@ void hold_projections_in(DiTImpl& model, at::ScalarType dtype) {
 
 }  // namespace
 
+at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std::string& source, const at::Tensor& context,
+                           const at::Tensor& negative, const at::Tensor& noise, at::Device device,
+                           const SamplingRanks* ranks, bool verbose) {
+  c10::InferenceMode inference;
+  const bool many = ranks && ranks->size() > 1;
+  verbose = verbose && (!ranks || ranks->lead());
+  const at::ScalarType weight_dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
+  DiT model = dit_without_storage(cfg.model, device);  // filled on the device, a tensor at a time
+  std::unique_ptr<ParallelModel> pm;
+  if (!many) {
+    hold_projections_in(*model, weight_dtype);
+    load_state_dict(*model, whole, source);
+  } else {
+    const bool sharded = ranks->mesh_config.parallel.shard > 1;
+    if (!sharded) hold_projections_in(*model, weight_dtype);  // FSDP's shards stay fp32 (1/S each)
+    pm = parallelize(model, ranks->mesh, ranks->mesh_config);
+    check_state_dict(pm->whole_shapes(), whole, source);
+    torch::NoGradGuard ng;
+    for (const auto& [name, p] : pm->params()) {
+      allocate(p);
+      p.copy_(pm->local(name, whole.at(name)));
+    }
+  }
+  model->eval();
+  // Step i/N with rate and time left: guidance evaluates both branches in one call (or one on
+  // each half of the ranks), so one call is one step.
+  Progress::Options po;
+  po.label = "sample";
+  po.unit = "step";
+  po.total = cfg.sample.steps;
+  if (!verbose) po.out = nullptr;
+  Progress progress(po);
+  const bool autocast_bf16 = device.is_cuda() || weight_dtype == at::kBFloat16;
+  const bool halves = many && ranks->halves;
+  auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+    at::Tensor v;
+    {
+      AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
+      v = model->forward(x, t, txt).to(at::kFloat);
+    }
+    if (halves) v = combine_guidance(*ranks, v, cfg.sample.cfg_scale);
+    progress.advance();  // on a GPU the launch queue fills within a step, so the rate is right after one
+    return v;
+  };
+  at::Tensor lat;
+  if (halves) {  // this half's text; the field combines the two halves' velocities itself
+    SampleConfig one = cfg.sample;
+    one.cfg_scale = 1.0;
+    lat = sample_latents(field, noise.to(device), (ranks->branch == 0 ? context : negative).to(device),
+                         negative.to(device), one);
+  } else {
+    lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
+  }
+  if (pm) pm->after_forward_only();
+  progress.finish();
+  return lat;
+}
+
 VideoResult generate_video(const Config& cfg, const WanWeights& weights, const VideoRequest& request,
                            at::Device device, const TensorMap& transformer, bool verbose, const SamplingRanks* ranks) {
   c10::InferenceMode inference;
@@ -184,57 +242,9 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     PhaseMeter meter("denoise", device);
     at::Tensor noise = at::randn(latent_shape(request, cfg.model),
                                  at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
-    const at::ScalarType weight_dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
-    DiT model = dit_without_storage(cfg.model, device);  // filled on the device, a tensor at a time
-    std::unique_ptr<ParallelModel> pm;
-    if (!many) {
-      hold_projections_in(*model, weight_dtype);
-      load_state_dict(*model, transformer_weights(weights, transformer),
-                      transformer.empty() ? weights.transformer : "the given transformer weights");
-    } else {
-      const bool sharded = ranks->mesh_config.parallel.shard > 1;
-      if (!sharded) hold_projections_in(*model, weight_dtype);  // FSDP's shards stay fp32 (1/S each)
-      pm = parallelize(model, ranks->mesh, ranks->mesh_config);
-      const TensorMap whole = transformer_weights(weights, transformer);
-      check_state_dict(pm->whole_shapes(), whole, transformer.empty() ? weights.transformer : "the given weights");
-      torch::NoGradGuard ng;
-      for (const auto& [name, p] : pm->params()) {
-        allocate(p);
-        p.copy_(pm->local(name, whole.at(name)));
-      }
-    }
-    model->eval();
-    // Step i/N with rate and time left: guidance evaluates both branches in one call (or one on
-    // each half of the ranks), so one call is one step.
-    Progress::Options po;
-    po.label = "sample";
-    po.unit = "step";
-    po.total = cfg.sample.steps;
-    if (!verbose) po.out = nullptr;
-    Progress progress(po);
-    const bool autocast_bf16 = device.is_cuda() || weight_dtype == at::kBFloat16;
-    const bool halves = many && ranks->halves;
-    auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
-      at::Tensor v;
-      {
-        AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
-        v = model->forward(x, t, txt).to(at::kFloat);
-      }
-      if (halves) v = combine_guidance(*ranks, v, cfg.sample.cfg_scale);
-      progress.advance();  // on a GPU the launch queue fills within a step, so the rate is right after one
-      return v;
-    };
-    at::Tensor lat;
-    if (halves) {  // this half's text; the field combines the two halves' velocities itself
-      SampleConfig one = cfg.sample;
-      one.cfg_scale = 1.0;
-      lat = sample_latents(field, noise.to(device), (ranks->branch == 0 ? context : negative).to(device),
-                           negative.to(device), one);
-    } else {
-      lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
-    }
-    if (pm) pm->after_forward_only();
-    progress.finish();
+    const TensorMap whole = transformer_weights(weights, transformer);
+    at::Tensor lat = denoise_latents(cfg, whole, transformer.empty() ? weights.transformer : "the given transformer weights",
+                                     context, negative, noise, device, ranks, verbose);
     out.latents = lat.to(at::kCPU, at::kFloat);
     out.phases.push_back(meter.done());
   }

@@ -87,6 +87,15 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
                            at::Device device, const TensorMap& transformer = {}, bool verbose = true,
                            const SamplingRanks* ranks = nullptr);
 
+// The denoise phase alone: the DiT of cfg.model with the weights `whole` (official names, e.g.
+// mapped from a file; `source` names them in errors), on this rank's share of the ranks as above,
+// from `noise` [1, C, T', h, w] with the prompt's `context` and the `negative` one, each
+// [1, text_len, text_dim]; returns the latents on `device`. What generate_video runs between
+// the text and the decode, and what bench/bench_sample_ranks.cpp times.
+at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std::string& source, const at::Tensor& context,
+                           const at::Tensor& negative, const at::Tensor& noise, at::Device device,
+                           const SamplingRanks* ranks = nullptr, bool verbose = false);
+
 // Writes result.frames to `path` as an H.264 MP4 at `fps`.
 void write_video(const std::string& path, const at::Tensor& frames, double fps);
 

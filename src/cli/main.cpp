@@ -119,8 +119,21 @@ int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib, const std::stri
     VIDIT_CHECK(std::sscanf(sample.c_str(), "%lld%c%lld%c%lld%c", &f, &x1, &w, &x2, &h, &rest) == 5 && x1 == 'x' && x2 == 'x',
                 "plan --sample '", sample, "': give FRAMESxWIDTHxHEIGHT, e.g. 81x832x480");
     r.frames = f, r.width = w, r.height = h;
-    const SampleMemoryInputs in = sample_memory_inputs(cfg, r, sample_on == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA));
-    std::printf("%s", format_sample_memory(in, predict_sample_memory(in)).c_str());
+    const SampleMemoryInputs in = sample_memory_inputs(cfg, r, sample_on == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA),
+                                                       world > 0 ? int(world) : 1);
+    const SampleMemory m = predict_sample_memory(in);
+    std::printf("%s", format_sample_memory(in, m).c_str());
+    if (gpu_gib > 0) {  // --gpu-memory: does the busiest phase fit each rank's device?
+      const double need = double(m.peak) / double(1ull << 30);
+      if (need <= gpu_gib) {
+        std::printf("  fits %.0f GiB per device (%.2f GiB needed, by %s)\n", gpu_gib, need, m.peak_phase.c_str());
+      } else {
+        std::printf("  does NOT fit %.0f GiB per device: %s needs %.2f GiB; set sample.dtype = \"bf16\", or sample "
+                    "on more ranks (--world N: the tokens split, parallel.shard to shard the weights)\n",
+                    gpu_gib, m.peak_phase.c_str(), need);
+        return 1;
+      }
+    }
     return 0;
   }
   if (world <= 0) {

@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "model/model_info.h"
+#include "pipeline/sampling_ranks.h"
+#include "vae/tiling.h"
 
 namespace vidit {
 namespace {
@@ -68,42 +70,65 @@ PhaseMemory text_phase(const SampleMemoryInputs& in) {
 PhaseMemory denoise_phase(const SampleMemoryInputs& in) {
   const ModelConfig& m = in.model;
   const int64_t P = count_parameters(m);
-  int64_t cast = 0;  // parameters of Linear / Conv layers: what autocast casts (norms and modulation it does not)
+  // Bytes of the weights as held: 2-D weights (the projections) in bf16 with sample.dtype bf16
+  // (not under FSDP, whose shards stay fp32); the blocks' projections split over tensor parallel.
+  const bool bf16 = in.bf16_projections && in.shard == 1;
+  int64_t held = 0, root = 0, block = 0, largest_cast = 0;
   for (const auto& [name, shape] : parameter_shapes(m)) {
-    if (name.find("norm") != std::string::npos || name.find("modulation") != std::string::npos) continue;
     int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    cast += n;
+    for (int64_t d : shape) n *= d;
+    const bool projection = shape.size() == 2;
+    const bool in_block = name.rfind("blocks.", 0) == 0;
+    const int64_t split = projection && in_block ? in.tensor : 1;
+    const int64_t bytes = n / split * (projection && bf16 ? 2 : 4);
+    held += bytes;
+    if (!in_block) root += bytes;
+    else if (name.rfind("blocks.0.", 0) == 0) block += bytes;
+    if (projection) largest_cast = std::max(largest_cast, n / split * 2);
   }
   Ledger l;
   l.p.name = "denoise";
-  l.weight("DiT, fp32 (" + std::to_string(P) + " parameters)", P * 4);
-  if (!in.cuda && in.transformer_file_bytes > 0) l.load("the weight file's tensors", P * in.transformer_file_bytes);
+  const std::string what = std::string(bf16 ? "DiT, projections bf16, the rest fp32" : "DiT, fp32") + " (" +
+                           std::to_string(P) + " parameters";
+  if (in.shard > 1) {
+    l.weight(what + "), this rank's 1/" + std::to_string(in.shard) + " (FSDP)", (held + in.shard - 1) / in.shard);
+    l.weight("FSDP: the root (embeddings, head) and two blocks gathered whole", root + 2 * block);
+  } else {
+    l.weight(what + (in.tensor > 1 ? ", the blocks' projections split over " + std::to_string(in.tensor) : "") + ")", held);
+  }
+  if (!in.cuda && in.transformer_file_bytes > 0) l.load("the weight file's tensors", P * in.transformer_file_bytes / in.shard);
 
-  const int64_t B = in.guidance ? 2 : 1, D = m.dim, F = m.ffn_dim, Lt = m.text_len, ct = m.text_dim;
+  const int64_t B = in.guidance && !in.halves ? 2 : 1, D = m.dim, F = m.ffn_dim, Lt = m.text_len, ct = m.text_dim;
   const int64_t hd = D / m.heads;
   const int64_t T = (in.frames - 1) / 4 + 1, h = in.height / 8, w = in.width / 8;
-  const int64_t Ltok = (T / m.patch[0]) * (h / m.patch[1]) * (w / m.patch[2]);
+  const int64_t Lall = (T / m.patch[0]) * (h / m.patch[1]) * (w / m.patch[2]);
+  const int64_t Ltok = Lall / in.sp;  // this rank's tokens
   const int64_t latent = m.in_channels * T * h * w * 4;
-  // Element sizes: e projections (bf16 under CUDA autocast), a attention output, s fp32 stream.
-  const int64_t e = in.cuda ? 2 : 4, a = in.cuda ? 2 : 4, s = 4;
+  // Element sizes: e projections (bf16 under autocast), a attention output, s fp32 stream.
+  const bool autocast = in.cuda || bf16;
+  const int64_t e = autocast ? 2 : 4, a = autocast ? 2 : 4, s = 4;
+  const int64_t tp = in.tensor;  // q, k, v, the attention output and the MLP's hidden units are split
   int64_t run = 0;
   auto add = [&](const std::string& n, int64_t b) { l.run(n, b), run += b; };
-  if (in.cuda) add("autocast's bf16 copies of the Linear / Conv weights", cast * 2);
+  if (autocast && !bf16) add("autocast's bf16 cast of one projection weight at a time", largest_cast);
   add("text input cat and its padded copy [B, text_len, text_dim] fp32", 2 * B * Lt * ct * 4);
   add("context [B, text_len, dim]", B * Lt * D * e);
   add("RoPE cos, sin [L, head_dim / 2] fp32", Ltok * hd * 4);
   add(std::string("sampler latents (noise, x, batch-") + std::to_string(B) + " in and out" +
-      (in.unipc ? ", UniPC's history)" : ")"), latent * (2 + 2 * B + (in.unipc ? 3 : 0) + (in.cuda ? 1 : 0)));
+      (in.unipc ? ", UniPC's history" : "") + (in.halves ? ", the pair's two velocities)" : ")"),
+      latent * (2 + 2 * B + (in.unipc ? 3 : 0) + (in.cuda ? 1 : 0) + (in.halves ? 2 : 0)));
   // The block's busiest point: fc2 of the MLP (the cross-attention output projection and the
-  // final gated add are counted too; the largest of the three is taken).
+  // final gated add are counted too; the largest of the three is taken). q, k, v and the
+  // attention output (e, 4, 4, a below) are 1/tensor wide.
   const int64_t BL = B * Ltok;
-  const int64_t at_fc2 = BL * (D * (s + 4 + 4 + e + a + e + s + e + s + s + e) + 2 * F * e);
-  const int64_t at_cross = BL * D * (s + 4 + 4 + e + a + e + s + s + s + a + e) + B * Lt * D * (4 + e);
-  const int64_t at_end = BL * D * (s + 4 + 4 + e + a + e + s + e + s + s + e + s);
-  const int64_t block = std::max({at_fc2, at_cross, at_end});
-  add(block == at_fc2 ? "block at the MLP's fc2: 11 [B, L, dim] and 2 [B, L, ffn] tensors"
-                      : "block: 11-12 [B, L, dim] tensors", block);
+  const int64_t at_fc2 = BL * (D * (s + (4 + 4 + e + a) / tp + e + s + e + s + s + e) + 2 * F / tp * e);
+  const int64_t at_cross = BL * D * (s + (4 + 4 + e + a) / tp + e + s + s + s + a + e) + B * Lt * D * (4 + e);
+  const int64_t at_end = BL * D * (s + (4 + 4 + e + a) / tp + e + s + e + s + s + e + s);
+  const int64_t busiest = std::max({at_fc2, at_cross, at_end});
+  add(busiest == at_fc2 ? "block at the MLP's fc2: 11 [B, L, dim] and 2 [B, L, ffn] tensors"
+                        : "block: 11-12 [B, L, dim] tensors", busiest);
+  if (in.sp > 1)  // Ulysses' all-to-all inputs and outputs of q, k, v (ring: two key / value blocks in flight)
+    add("sequence parallel: the exchanges' buffers, 4 [B, L/sp, dim]", 4 * BL * D * a / tp);
   l.p.activations = run;
   l.p.peak_at = "a block's MLP, " + std::to_string(Ltok) + " tokens x batch " + std::to_string(B);
   return l.p;
@@ -206,6 +231,11 @@ PhaseMemory decode_phase(const SampleMemoryInputs& in) {
   // The frames decoded so far of this tile (the chunk's own come on top at the cat).
   loop += tile_video;
   if (tiled) loop += video + HW * 4;  // the full-size accumulator and its weight sum
+  // Tiles shared among the ranks: each first decodes its own, kept until they are blended.
+  const int64_t tiles = tiled ? int64_t(tile_spans(h, in.tiling.tile / sf, in.tiling.stride / sf).size() *
+                                        tile_spans(w, in.tiling.tile / sf, in.tiling.stride / sf).size()) : 1;
+  const int64_t own_tiles = tiled && in.ranks > 1 ? (tiles + in.ranks - 1) / in.ranks : 0;
+  loop += own_tiles * tile_video;
   // The end: the pipeline's uint8 conversion, video + four fp32 temporaries + two uint8 copies.
   const int64_t end = 5 * video + 2 * 3 * F * HW;
   l.run("latents: denormalised and conv2'd", 2 * latents);
@@ -213,6 +243,7 @@ PhaseMemory decode_phase(const SampleMemoryInputs& in) {
   l.run("the busiest decoder layer of a chunk", u.layer * 4);
   l.run(tiled ? "frames decoded so far (a tile), the accumulator and its weights" : "frames decoded so far",
         tile_video + (tiled ? video + HW * 4 : 0));
+  if (own_tiles > 0) l.run("this rank's " + std::to_string(own_tiles) + " of " + std::to_string(tiles) + " tiles, decoded first", own_tiles * tile_video);
   l.run("to uint8: 5 fp32 videos + 2 uint8", end);
   l.p.activations = std::max(loop, end);
   l.p.peak_at = end >= loop ? "the uint8 conversion" : "decoding a chunk";
@@ -235,7 +266,7 @@ int64_t umt5_weight_bytes(const text::Umt5Config& c, at::ScalarType dtype) {
   return c.vocab_size * d * td + c.num_layers * per_layer + d * 4;
 }
 
-SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device) {
+SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device, int ranks) {
   SampleMemoryInputs in;
   in.model = cfg.model;
   in.text_dtype = cfg.text.dtype == Precision::fp32 ? at::kFloat : at::kBFloat16;
@@ -244,6 +275,16 @@ SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& r
   in.guidance = cfg.sample.cfg_scale != 1.0;
   in.unipc = cfg.sample.solver == Solver::unipc;
   in.tiled = request.width > 512 || request.height > 512;
+  in.bf16_projections = cfg.sample.dtype == Precision::bf16;
+  Config at_size = cfg;
+  const std::vector<int64_t> shape = latent_shape(request, cfg.model);
+  at_size.data.latent_frames = shape[2], at_size.data.latent_height = shape[3], at_size.data.latent_width = shape[4];
+  const SamplingLayout layout = sampling_layout(cfg, tokens_per_sample(at_size), ranks);
+  in.ranks = ranks;
+  in.halves = layout.halves;
+  in.sp = layout.parallel.ulysses * layout.parallel.ring;
+  in.shard = layout.parallel.shard;
+  in.tensor = layout.parallel.tensor;
   return in;
 }
 
@@ -265,9 +306,11 @@ std::string format_sample_memory(const SampleMemoryInputs& in, const SampleMemor
   auto gib = [](int64_t b) { return double(b) / double(1ull << 30); };
   std::ostringstream os;
   char line[256];
-  std::snprintf(line, sizeof line, "sampling memory, %lldx%lldx%lld frames x width x height on %s (DiT weights fp32%s):\n",
+  const bool bf16 = in.bf16_projections && in.shard == 1;
+  std::snprintf(line, sizeof line, "sampling memory, %lldx%lldx%lld frames x width x height on %s (DiT weights %s%s)%s:\n",
                 (long long)in.frames, (long long)in.width, (long long)in.height, in.cuda ? "CUDA" : "the CPU",
-                in.cuda ? ", bf16 autocast" : "");
+                bf16 ? "bf16 projections" : "fp32", in.cuda || bf16 ? ", bf16 autocast" : "",
+                in.ranks > 1 ? ", per rank" : "");
   os << line;
   std::snprintf(line, sizeof line, "  %-8s %10s %10s %12s %10s  %s\n", "phase", "weights", "loading", "activations",
                 "peak", "peak at");
@@ -280,8 +323,15 @@ std::string format_sample_memory(const SampleMemoryInputs& in, const SampleMemor
   std::snprintf(line, sizeof line, "  the run needs %.2f GiB, set by %s (each phase frees its model before the next)\n",
                 gib(m.peak), m.peak_phase.c_str());
   os << line;
-  os << (in.guidance ? "  guidance: both branches in one batch-2 call, so the DiT's activations are twice one branch's\n"
-                     : "  no guidance (sample.cfg_scale = 1): batch 1\n");
+  if (in.ranks > 1) {
+    std::snprintf(line, sizeof line, "  %d ranks: tokens split over %lld, weights over shard %lld and tensor %lld; text and "
+                  "an untiled decode run on rank 0 (its figures above)\n", in.ranks, (long long)in.sp,
+                  (long long)in.shard, (long long)in.tensor);
+    os << line;
+  }
+  os << (!in.guidance ? "  no guidance (sample.cfg_scale = 1): batch 1\n"
+         : in.halves  ? "  guidance on two halves of the ranks: batch 1 on each\n"
+                      : "  guidance: both branches in one batch-2 call, so the DiT's activations are twice one branch's\n");
   return os.str();
 }
 

@@ -16,12 +16,16 @@
 //            the position-bias tensors [H, n, n] per distinct length n and their int64 bucket
 //            indices, and at the FFN's second projection its input [R, 2 d_ff] with the gated
 //            product [R, d_ff] and the output [R, d].
-//   denoise  DiT weights fp32 (as the pipeline keeps them on both devices). Loading on the CPU:
-//            the weight file's tensors beside the model's (load_state_dict copies). On CUDA the
-//            model loads on the host and the GPU sees the weights only; bf16 autocast then caches
-//            a bf16 copy of every Linear / Conv weight it casts for as long as one forward runs.
-//            Running, one forward of batch B = 2 (guidance evaluates both branches at once) over
-//            L = T'/pt * H'/ph * W'/pw tokens: the text input and its padded copy [B, 512, 4096],
+//   denoise  DiT weights fp32, or with sample.dtype = "bf16" its 2-D (projection) weights in bf16;
+//            over ranks, this rank's part (FSDP's 1/shard, plus two blocks gathered whole at once
+//            and the root's embeddings and head; tensor parallel's 1/tensor of the blocks'
+//            projections). Loading on the CPU: the weight file's tensors beside the model's
+//            (load_state_dict copies). The model is built on its device straight from the file,
+//            so the GPU sees the weights only; its parameters do not require gradients, so bf16
+//            autocast keeps no cast copies: one projection's cast at a time.
+//            Running, one forward of batch B = 2 (guidance evaluates both branches at once; 1 on
+//            each half when the ranks split guidance) over this rank's tokens L / sp of the
+//            L = T'/pt * H'/ph * W'/pw tokens (plus, over sp ranks, the exchanges' buffers): the text input and its padded copy [B, 512, 4096],
 //            the context [B, 512, dim], the RoPE tables, and the busiest point of a block, the MLP's
 //            second projection, where 11 [B, L, dim] tensors (the block's input; q, k, v, which the
 //            block keeps to its end; the attention output and its projection; the residual and
@@ -76,12 +80,20 @@ struct SampleMemoryInputs {
   int64_t vae_file_bytes = 4;              // bytes per parameter of the VAE file
   bool tiled = false;                      // decode tiled (the pipeline: width or height > 512)
   VaeTiling tiling;                        // its tile and stride
+  bool bf16_projections = false;           // sample.dtype = "bf16": the DiT's 2-D weights in bf16
+  // The ranks of the job (sampling_ranks.h): their number, guidance on two halves, and the DiT's
+  // degrees on each (tokens split over sp = ulysses x ring, weights over shard, heads and MLP
+  // units over tensor). One process: 1, false, 1, 1, 1.
+  int ranks = 1;
+  bool halves = false;
+  int64_t sp = 1, shard = 1, tensor = 1;
 };
 
 // What the pipeline runs for `request` with `cfg` on `device`: cfg.model, cfg.text.dtype,
 // cfg.sample (guidance, solver), umT5-XXL's shape (text::Umt5Config's defaults) and Wan 2.1's
 // VAE, tiled as generate_video tiles, captions at model.text_len tokens (the worst case).
-SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device);
+// `ranks`: the job's size; the layout is sampling_layout()'s for it.
+SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device, int ranks = 1);
 
 struct MemoryTerm {
   std::string name;

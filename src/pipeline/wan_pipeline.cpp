@@ -163,6 +163,10 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
       p.copy_(pm->local(name, whole.at(name)));
     }
   }
+  // Nothing here trains: parameters that require no gradient are not kept as cast copies by
+  // autocast (it caches only those that do), so a forward holds one projection's bf16 cast at a
+  // time instead of a bf16 copy of the whole model.
+  for (auto& p : model->parameters()) p.requires_grad_(false);
   model->eval();
   // Step i/N with rate and time left: guidance evaluates both branches in one call (or one on
   // each half of the ranks), so one call is one step.

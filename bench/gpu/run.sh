@@ -171,7 +171,8 @@ fi
 # The CUDA kernels against their CPU references, the model on CUDA against the CPU, the NCCL
 # engine (CUDA and staged CPU tensors), and the multi-GPU code path on one GPU: one torchrun
 # process over NCCL with the mesh, layouts and gradient reduction of a cluster run, against the
-# plain one-process run (Torchrun.OneGpuOverNcclTrainsLikeThePlainRun).
+# plain one-process run (Torchrun.OneGpuOverNcclTrainsLikeThePlainRun), and Wan sampling on the GPU
+# with fp32 and bf16 DiT weights against the CPU (SampleGpu.*).
 FILTER='LayerNormModulate*:*Cuda*:*Gpu*'
 if [[ -x "$BUILD/vidit_tests" ]]; then
   say "vidit_tests --gtest_filter='$FILTER' -> $LOGS/tests.log"

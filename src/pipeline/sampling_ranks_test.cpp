@@ -110,6 +110,28 @@ TEST(SampleDtype, Bf16ProjectionsSampleNearFp32) {
   EXPECT_LE(err, 5e-2);
 }
 
+// The pipeline on a GPU (bench/gpu/run.sh runs it): the DiT under bf16 autocast, with fp32 and with
+// bf16 projections, near the CPU's fp32 latents.
+TEST(SampleGpu, Fp32AndBf16WeightsNearTheCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  VIDIT_UMT5_REFERENCE(ref);
+  test::ScratchDir dir("sample_gpu");
+  const std::string root = pipeline_test::make_release(dir, ref);
+  WanWeights w;
+  w.fill_from(root);
+  VideoRequest req;
+  req.prompt = "a red flower opens", req.frames = 5, req.width = 48, req.height = 32, req.seed = 5;
+  const VideoResult cpu = generate_video(sampling_config({}), w, req, at::kCPU, {}, false);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const VideoResult gpu =
+        generate_video(sampling_config({std::string("sample.dtype=\"") + dtype + "\""}), w, req, at::Device(at::kCUDA, 0), {}, false);
+    const double err = (gpu.latents - cpu.latents).abs().max().item<double>() / cpu.latents.abs().max().item<double>();
+    std::printf("GPU_PARITY sample_%s %.3e\n", dtype, err);
+    EXPECT_LE(err, 5e-2) << dtype;
+    EXPECT_EQ(gpu.frames.sizes(), cpu.frames.sizes());
+  }
+}
+
 // One rank of a sampling job: the job's latents and frames against this process's own
 // one-process run of the same request.
 TEST(MpiWorker, SamplingOnRanksEqualsOneProcess) {

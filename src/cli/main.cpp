@@ -367,35 +367,39 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
       return kUnhealthyStatus;
     }
   }
-  // sample.every: the run's prompts sampled every N steps with its sampling weights (gathered by
-  // every rank), written by rank 0 (pipeline/training_samples.h). The prompts are embedded once,
-  // here; a round that fails is reported and training goes on.
+  // sample.every: the run's prompts sampled every N steps with its sampling weights, by every rank
+  // with the run's own parallelized model (each its part of the weights), written by rank 0
+  // (pipeline/training_samples.h). The prompts are embedded once, on rank 0, and shared; a round
+  // that fails is reported and training goes on.
   const bool sampling = cfg.sample.every > 0 && !cache_dir.empty();
   if (cfg.sample.every > 0 && cache_dir.empty() && lead)
     std::printf("sample.every: synthetic data (data.source = \"synthetic\") has no captions or sizes to sample; no samples\n");
   std::unique_ptr<TrainingSamples> samples;
-  if (sampling && lead) {
-    samples = std::make_unique<TrainingSamples>(cfg, training_sample_prompts(cfg, LatentCache(cache_dir)), null_text, device);
-    std::printf("sample.every = %lld: %zu prompt(s) to %s/samples/ and TensorBoard\n", (long long)cfg.sample.every,
-                samples->prompts().size(), cfg.train.out_dir.c_str());
+  if (sampling) {
+    samples = lead ? std::make_unique<TrainingSamples>(cfg, training_sample_prompts(cfg, LatentCache(cache_dir)), null_text, device)
+                   : std::make_unique<TrainingSamples>(cfg, device);
+    samples->share(*mesh->world());
+    if (lead)
+      std::printf("sample.every = %lld: %zu prompt(s) to %s/samples/ and TensorBoard\n", (long long)cfg.sample.every,
+                  samples->prompts().size(), cfg.train.out_dir.c_str());
   }
   auto sample_round = [&](const StepResult& r) {
     if (!sampling || !(r.step % cfg.sample.every == 0 || r.step == cfg.train.steps)) return;
-    const TensorMap weights = trainer.sampling_weights();  // collective
-    if (lead) {
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        const auto paths = samples->write(weights, r.step, trainer.tensorboard());
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::vector<std::string> paths;
+      trainer.with_sampling_weights(
+          [&](DiT& model) { paths = samples->write_on_mesh(model, *mesh, r.step, trainer.tensorboard()); });
+      if (lead)
         std::printf("[sample] step %lld: %zu video(s) in %s (%.1f s)\n", (long long)r.step, paths.size(),
                     paths.empty() ? "-" : std::filesystem::path(paths[0]).parent_path().c_str(),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "warning: sample.every: the samples of step %lld failed (%s); training goes on\n",
-                     (long long)r.step, e.what());
-      }
-      std::fflush(stdout);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: sample.every: the samples of step %lld failed on rank %d (%s); training goes on\n",
+                   (long long)r.step, mesh->rank(), e.what());
     }
-    mesh->world()->barrier();  // every rank waits here, as "evaluating", while rank 0 samples
+    std::fflush(stdout);
+    mesh->world()->barrier();
   };
   install_stop_handlers();  // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit kRestartStatus
   auto losses = trainer.fit(max_steps, true, sample_round);

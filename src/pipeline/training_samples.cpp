@@ -16,6 +16,7 @@
 #include "loader/latent_cache.h"
 #include "model/dit.h"
 #include "model/state_dict.h"
+#include "pipeline/sampling_ranks.h"
 #include "prepare/caption_embedder.h"
 #include "prepare/demo_codec.h"
 #include "text/text_encoder.h"
@@ -150,7 +151,19 @@ std::vector<at::Tensor> TrainingSamples::decode(const std::vector<at::Tensor>& l
   return frames;
 }
 
+at::Tensor TrainingSamples::noise(size_t i) const {
+  // The same noise for a prompt at every round.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.sample.seed + i);
+  std::vector<int64_t> shape{1};
+  shape.insert(shape.end(), prompts_[i].latent_shape.begin(), prompts_[i].latent_shape.end());
+  return at::randn(shape, gen, at::kFloat).to(device_);
+}
+
 std::vector<std::string> TrainingSamples::write(const TensorMap& weights, int64_t step, TensorBoardWriter* tb) const {
+  return write_videos(latents(weights), step, tb);
+}
+
+std::vector<at::Tensor> TrainingSamples::latents(const TensorMap& weights) const {
   c10::InferenceMode inference;
   DiT model = dit_without_storage(cfg_.model, device_);
   load_state_dict(*model, weights, "the run's sampling weights");
@@ -162,18 +175,88 @@ std::vector<std::string> TrainingSamples::write(const TensorMap& weights, int64_
   };
   std::vector<at::Tensor> latents;
   for (size_t i = 0; i < prompts_.size(); ++i) {
-    const SamplePrompt& p = prompts_[i];
-    // The same noise for a prompt at every round.
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.sample.seed + i);
-    std::vector<int64_t> shape{1};
-    shape.insert(shape.end(), p.latent_shape.begin(), p.latent_shape.end());
-    at::Tensor noise = at::randn(shape, gen, at::kFloat).to(device_);
-    at::Tensor lat = sample_latents(field, noise, p.text.unsqueeze(0).to(device_), negative_text_.to(device_), cfg_.sample);
+    at::Tensor lat = sample_latents(field, noise(i), prompts_[i].text.unsqueeze(0).to(device_), negative_text_.to(device_),
+                                    cfg_.sample);
     latents.push_back(lat[0].to(at::kCPU));
   }
-  model = nullptr;  // the copy goes before the VAE comes
-  const std::vector<at::Tensor> frames = decode(latents);
+  return latents;  // the copy of the model goes before the VAE comes
+}
 
+TrainingSamples::TrainingSamples(Config cfg, at::Device device) : cfg_(std::move(cfg)), device_(device) {}
+
+void TrainingSamples::share(Comm& world) {
+  if (world.size() == 1) return;
+  const bool lead = world.rank() == 0;
+  at::Tensor count = at::tensor({int64_t(prompts_.size())}, at::kLong);
+  world.broadcast(count, 0)->wait();
+  if (!lead) prompts_.assign(size_t(count.item<int64_t>()), SamplePrompt{});
+  auto text_of = [](const std::string& s) {
+    return at::tensor(std::vector<int64_t>(s.begin(), s.end()), at::kLong);  // [0] for "": never empty
+  };
+  auto string_of = [](const at::Tensor& t) {
+    std::string s;
+    for (int64_t i = 0; i < t.numel(); ++i) s.push_back(char(t[i].item<int64_t>()));
+    return s;
+  };
+  for (SamplePrompt& p : prompts_) {
+    // Strings travel as one int64 per byte, behind a marker so that "" is a tensor too.
+    p.caption = string_of(broadcast_any(world, lead ? text_of("#" + p.caption) : at::Tensor(), 0, at::kCPU)).substr(1);
+    p.bucket = string_of(broadcast_any(world, lead ? text_of("#" + p.bucket) : at::Tensor(), 0, at::kCPU)).substr(1);
+    p.text = broadcast_any(world, lead ? p.text : at::Tensor(), 0, at::kCPU);
+    at::Tensor shape = broadcast_any(world, lead ? at::tensor(p.latent_shape, at::kLong) : at::Tensor(), 0, at::kCPU);
+    p.latent_shape.assign(shape.data_ptr<int64_t>(), shape.data_ptr<int64_t>() + shape.numel());
+  }
+  null_text_ = broadcast_any(world, lead ? null_text_ : at::Tensor(), 0, at::kCPU);
+  negative_text_ = broadcast_any(world, lead ? negative_text_ : at::Tensor(), 0, at::kCPU);
+}
+
+std::vector<std::string> TrainingSamples::write_on_mesh(DiT& model, const Mesh& mesh, int64_t step,
+                                                        TensorBoardWriter* tb) const {
+  const std::vector<at::Tensor> latents = latents_on_mesh(model, mesh);
+  if (mesh.rank() != 0) return {};
+  return write_videos(latents, step, tb);
+}
+
+std::vector<at::Tensor> TrainingSamples::latents_on_mesh(DiT& model, const Mesh& mesh) const {
+  // Not InferenceMode: the run's own parameters (FSDP refills their storage) go back to training.
+  torch::NoGradGuard no_grad;
+  const int dp = mesh.degree("dp"), d = mesh.coord("dp");
+  const size_t n = prompts_.size();
+  auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+    AutocastGuard autocast(device_.type(), device_.is_cuda() || autocasts_bf16(cfg_.train.precision), at::kBFloat16);
+    return model->forward(x, t, txt).to(at::kFloat);
+  };
+  // Prompt i on data-parallel rank i % dp; every rank makes as many passes as the busiest (a
+  // rank without a prompt of its own in the last round samples one again and drops it), so
+  // FSDP's gathers stay collective over the shard groups.
+  std::vector<at::Tensor> mine(n);
+  const size_t rounds = (n + size_t(dp) - 1) / size_t(dp);
+  for (size_t k = 0; k < rounds; ++k) {
+    const size_t i = k * size_t(dp) + size_t(d);
+    const size_t j = i < n ? i : i % n;
+    at::Tensor lat = sample_latents(field, noise(j), prompts_[j].text.unsqueeze(0).to(device_),
+                                    negative_text_.to(device_), cfg_.sample);
+    if (i < n) mine[i] = lat[0].to(at::kCPU);
+  }
+  // The latents to rank 0 from the first member of each data-parallel rank's group.
+  const auto& world = mesh.world();
+  at::Tensor coords = at::tensor({int64_t(d), int64_t(mesh.coord("sp") == 0 && mesh.coord("tensor") == 0)}, at::kLong);
+  at::Tensor all = at::empty({world->size() * 2}, at::kLong);
+  world->all_gather(coords, all)->wait();
+  std::vector<int> owner(size_t(dp), -1);
+  for (int r = world->size() - 1; r >= 0; --r)
+    if (all[2 * r + 1].item<int64_t>() == 1) owner[size_t(all[2 * r].item<int64_t>())] = r;
+  std::vector<at::Tensor> latents(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int from = owner[i % size_t(dp)];
+    latents[i] = broadcast_any(*world, from == world->rank() ? mine[i] : at::Tensor(), from, at::kCPU);
+  }
+  return latents;
+}
+
+std::vector<std::string> TrainingSamples::write_videos(const std::vector<at::Tensor>& latents, int64_t step,
+                                                       TensorBoardWriter* tb) const {
+  const std::vector<at::Tensor> frames = decode(latents);
   const std::string dir = step_dir(cfg_.train.out_dir, step);
   fs::create_directories(dir);
   std::vector<std::string> paths;

@@ -15,9 +15,13 @@
 // go back to frames through the run's codec: the demo codec, or the Wan VAE decoder of
 // data.vae_weights (loaded for each round and freed after it).
 //
-// Memory: the lead rank builds one more whole copy of the DiT from the gathered weights for the
-// time of a round, on the training device. A model that only fits sharded is better sampled from
-// its checkpoints with `vidit sample`.
+// On a mesh (write_on_mesh, what `vidit train` does): every rank samples with the run's own
+// parallelized model, each holding its part of the weights as in training (FSDP gathers a block
+// at a time, sequence parallel splits the tokens, tensor parallel the heads), with the sampling
+// weights swapped in (Trainer::with_sampling_weights: one more copy of the rank's part while a
+// round runs); the prompts are split over the data-parallel ranks, the latents sent to rank 0,
+// which decodes and writes. No rank ever holds the whole model. write() with whole weights builds
+// one whole copy of the DiT instead (one process, tests).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -26,6 +30,9 @@
 
 #include "core/config.h"
 #include "core/safetensors.h"
+#include "model/dit.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
 
 namespace vidit {
 
@@ -54,9 +61,24 @@ class TrainingSamples {
   // the images at `step`. Returns the paths of the videos.
   std::vector<std::string> write(const TensorMap& weights, int64_t step, TensorBoardWriter* tb) const;
 
+  // A set for a rank other than the lead, empty until share() fills it.
+  TrainingSamples(Config cfg, at::Device device);
+  // Rank 0's prompts and its null and negative texts to every rank of `world`. Collective.
+  void share(Comm& world);
+  // One round on every rank of `mesh` (above): `model` is the run's parallelized DiT holding the
+  // sampling weights. Returns the videos' paths on rank 0, nothing elsewhere. Collective.
+  std::vector<std::string> write_on_mesh(DiT& model, const Mesh& mesh, int64_t step, TensorBoardWriter* tb) const;
+  // The latents [C, T, H, W] of every prompt, CPU fp32: from whole weights in this process, or on
+  // every rank of `mesh` as write_on_mesh samples them (every rank gets every prompt's).
+  std::vector<at::Tensor> latents(const TensorMap& weights) const;
+  std::vector<at::Tensor> latents_on_mesh(DiT& model, const Mesh& mesh) const;
+
   const std::vector<SamplePrompt>& prompts() const { return prompts_; }
 
  private:
+  at::Tensor noise(size_t i) const;  // prompt i's noise [1, C, T, H, W], the same every round
+  // Decodes the latents, writes the videos and the TensorBoard images (rank 0).
+  std::vector<std::string> write_videos(const std::vector<at::Tensor>& latents, int64_t step, TensorBoardWriter* tb) const;
   // Latents [C, T, H, W] -> frames [T, H, W, 3] uint8 through the run's codec.
   std::vector<at::Tensor> decode(const std::vector<at::Tensor>& latents) const;
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -18,7 +19,11 @@
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "parallel/mpi_test_util.h"
+#include <ATen/CPUGeneratorImpl.h>
+#include "parallel/launch_env.h"
+#include "parallel/parallelize.h"
 #include "prepare/caption_embedder.h"
+#include "train/run_weights.h"
 #include "vae/wan_vae.h"
 #include "video/video_decoder.h"
 
@@ -111,21 +116,87 @@ TEST(TrainingSamples, TrainRunWritesVideosAndImagesAtEveryNthAndLastStep) {
   }
 }
 
-// Under mpirun with the parameters sharded over 2 ranks: the weights are gathered by both, and
-// rank 0 alone writes the samples.
-TEST(TrainingSamples, ShardedRunUnderMpirun) {
+// Under mpirun: every rank samples with the run's own parallelized model (its part of the
+// weights; FSDP gathers a block at a time), the prompts split over the
+// data-parallel ranks (HSDP over 4 with 3 prompts: one rank samples a prompt again and drops it);
+// rank 0 alone writes. (That these are the whole-weights path's samples, latents within 1e-5, is
+// MeshSamples below: compared as videos, H.264 turns a rounding-sized change into other coding
+// decisions.)
+class ShardedSamples : public ::testing::TestWithParam<test::WorkerMesh> {};
+
+TEST_P(ShardedSamples, EveryRankSamplesItsPartAndRankZeroWrites) {
   VIDIT_REQUIRE_MPI();
-  test::ScratchDir dir("train_samples_mpi");
+  const test::WorkerMesh& m = GetParam();
+  test::ScratchDir dir(std::string("train_samples_mpi_") + m.name);
   const std::string out = dir / "run";
-  auto r = test::mpirun(2, std::string(VIDIT_BINARY) + " train --set" + join(kDemoSets) +
-                               " parallel.shard=2 train.steps=4 sample.every=2 sample.count=2 train.out_dir=" + out, 180);
+  const std::string args = " train --set" + join(kDemoSets) + " train.steps=4 sample.every=2 sample.count=3";
+  auto r = test::mpirun(m.ranks, "env OMP_NUM_THREADS=1 " + std::string(VIDIT_BINARY) + args + " " + m.sets +
+                                     " train.out_dir=" + out, 300);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(mp4s(out + "/samples/step_0000002").size(), 2u) << r.output;
-  EXPECT_EQ(mp4s(out + "/samples/step_0000004").size(), 2u) << r.output;
+  EXPECT_EQ(mp4s(out + "/samples/step_0000002").size(), 3u) << r.output;
+  EXPECT_EQ(mp4s(out + "/samples/step_0000004").size(), 3u) << r.output;
   size_t lines = 0;
   for (size_t at = 0; (at = r.output.find("[sample] step 4:", at)) != std::string::npos; ++at) ++lines;
   EXPECT_EQ(lines, 1u) << r.output;
+  EXPECT_EQ(r.output.find("failed on rank"), std::string::npos) << r.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedSamples,
+                         ::testing::Values(test::WorkerMesh{"Fsdp2", 2, "parallel.shard=2"},
+                                           test::WorkerMesh{"Hsdp2x2", 4, "parallel.shard=2 parallel.replicate=2"}),
+                         test::mesh_test_name);
+
+// One rank: the run's model parallelized on the mesh (parts initialised as one process would),
+// prompts of two sizes sampled on the mesh, against the whole-weights path in this process.
+TEST(MpiWorker, SamplesOnTheMeshEqualTheWholeWeights) {
+  VIDIT_MPI_WORKER_ONLY();
+  auto world = make_world_comm(detect_launch_env());
+  Config cfg = test::tiny_config(test::sets_from_env("VIDIT_SAMPLES_SETS", {"sample.steps=3", "sample.cfg_scale=3.0",
+                                                                            "train.batch_size=4", "train.out_dir=/tmp"}));
+  auto mesh = std::make_shared<Mesh>(cfg, world);
+  std::unique_ptr<ParallelModel> pm = parallelize(dit_without_storage(cfg.model, at::kCPU), mesh, cfg);
+  pm->init_parts(17);
+  std::vector<SamplePrompt> prompts;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int64_t> shape = i == 1 ? std::vector<int64_t>{cfg.model.in_channels, 2, 4, 8}
+                                              : std::vector<int64_t>{cfg.model.in_channels, 2, 4, 4};
+    prompts.push_back({"prompt " + std::to_string(i), at::randn({cfg.model.text_len, cfg.model.text_dim},
+                                                                at::make_generator<at::CPUGeneratorImpl>(i)), shape, "b"});
+  }
+  const at::Tensor null_text = at::zeros({cfg.model.text_len, cfg.model.text_dim});
+  TrainingSamples samples = world->rank() == 0 ? TrainingSamples(cfg, prompts, null_text, at::kCPU) : TrainingSamples(cfg, at::kCPU);
+  samples.share(*world);
+  ASSERT_EQ(samples.prompts().size(), 3u);
+  EXPECT_EQ(samples.prompts()[2].caption, "prompt 2");
+  pm->model()->eval();
+  const std::vector<at::Tensor> got = samples.latents_on_mesh(pm->model(), *mesh);
+  DiT one = dit_without_storage(cfg.model, at::kCPU);
+  one->init_weights(17);
+  const std::vector<at::Tensor> want = samples.latents(state_dict(*one));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].sizes(), want[i].sizes()) << i;
+    const double err = (got[i] - want[i]).abs().max().item<double>() / want[i].abs().max().item<double>();
+    EXPECT_LE(err, 1e-5) << "prompt " << i << " on rank " << world->rank();
+    if (world->rank() == 0) std::printf("prompt %zu: latents within %.2e of the whole-weights path\n", i, err);
+  }
+  world->barrier();
+  if (HasFailure()) abort_world(1);
+}
+
+class MeshSamples : public ::testing::TestWithParam<test::WorkerMesh> {};
+
+TEST_P(MeshSamples, LatentsEqualTheWholeWeightsPath) {
+  VIDIT_REQUIRE_MPI();
+  test::run_mesh_worker(GetParam(), "MpiWorker.SamplesOnTheMeshEqualTheWholeWeights", "VIDIT_SAMPLES_SETS");
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, MeshSamples,
+                         ::testing::Values(test::WorkerMesh{"Fsdp2", 2, "parallel.shard=2"},
+                                           test::WorkerMesh{"Hsdp2x2", 4, "parallel.shard=2 parallel.replicate=2"},
+                                           test::WorkerMesh{"Fsdp2Ulysses2", 4, "parallel.shard=2 parallel.ulysses=2"},
+                                           test::WorkerMesh{"Tensor2", 2, "parallel.tensor=2"}),
+                         test::mesh_test_name);
 
 // A cache of five clips in two buckets, written by CacheWriter.
 void write_two_bucket_cache(const std::string& dir, const Config& cfg) {

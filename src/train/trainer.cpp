@@ -203,6 +203,27 @@ TensorMap Trainer::sampling_weights() const {
   return merge_lora(lora_base_weights(*pm_->model()), w, lora_scale(cfg_.lora));
 }
 
+void Trainer::with_sampling_weights(const std::function<void(DiT&)>& fn) {
+  torch::NoGradGuard no_grad;
+  pm_->after_forward_only();  // nothing gathered from the live weights may serve the first pass
+  TensorMap live;
+  if (ema_)
+    for (const auto& [name, p] : pm_->params()) live[name] = p.clone(), p.copy_(ema_->weights().at(name));
+  auto restore = [&] {
+    pm_->after_forward_only();
+    for (const auto& [name, p] : live) pm_->params().at(name).copy_(p);
+    pm_->model()->train();
+  };
+  pm_->model()->eval();
+  try {
+    fn(pm_->model());
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 EventLog& Trainer::events() {
   if (!events_) events_ = std::make_unique<EventLog>(is_lead() ? cfg_.train.out_dir : "");
   return *events_;

@@ -131,6 +131,12 @@ class Trainer {
   // The whole transformer weights to sample with: the EMA's when there is one, else the raw
   // ones; in a LoRA run (model/lora.h) the frozen base with those adapters merged (collective).
   TensorMap sampling_weights() const;
+  // Runs `fn` with the parallelized model holding the sampling weights: each rank's part of the
+  // EMA copied over its part of the live weights (kept aside meanwhile: one more copy of the
+  // rank's part) and put back after, the model in eval mode; without EMA the live weights. A LoRA
+  // run's adapters (the EMA's) stay beside its base, as merging them would give. `fn`'s forward
+  // passes are collective over the mesh; the gathered weights are released after.
+  void with_sampling_weights(const std::function<void(DiT&)>& fn);
   const Config& config() const { return cfg_; }
   // Bytes of the host buffers reserved for checkpoint snapshots (train.ckpt_snapshots sets of this
   // rank's part of the state; 0 on a rank that writes no part).

@@ -149,6 +149,9 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   plan.construction = plan.weights + plan.optimizer + plan.ema + fill;
   if (cfg.lora.rank > 0) plan.construction += 4 * double(plan.params) - (plan.weights - 4 * double(lora.adapter_params));
   plan.resume = trained + plan.optimizer + plan.ema + largest;
+  // sample.every: the live part kept aside while the EMA's is swapped in (no EMA: nothing).
+  plan.sampling = cfg.sample.every > 0;
+  plan.samples = plan.sampling ? plan.ema : 0;
   plan.runtime = kRuntimeBytes;
   // Gathered weights fill the model's fp32 parameters, or e4m3 copies of the FP8 ones.
   const double block_held = 4 * (block - block_fp8) + block_fp8;
@@ -250,7 +253,8 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
      << (plan.measured_activations ? " (a block's, measured)" : " (estimate)") << "\n"
      << "                total ~" << human(plan.memory()) << "\n"
      << "peak by phase   construction " << human(plan.construction_peak()) << ", step "
-     << human(plan.step_peak()) << ", resume " << human(plan.resume_peak()) << " per rank (runtime "
+     << human(plan.step_peak()) << ", resume " << human(plan.resume_peak())
+     << (plan.sampling ? ", samples (sample.every) " + human(plan.samples_peak()) : std::string()) << " per rank (runtime "
      << human(plan.runtime) << ", checkpoint snapshots " << human(plan.snapshots) << " in "
      << cfg.train.ckpt_snapshots << " set" << (cfg.train.ckpt_snapshots == 1 ? "" : "s")
      << " of host memory: train.ckpt_snapshots; the largest whole tensor " << human(plan.largest_tensor) << ")\n";

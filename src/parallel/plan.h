@@ -83,14 +83,20 @@ struct StepPlan {
   //   resume        host, while a checkpoint is read: a staged copy of the rank's state (weights,
   //                 EMA, AdamW) plus one whole tensor put together from the parts;
   //   runtime       the process's own memory before any tensor (LibTorch, the communicator,
-  //                 thread stacks): kRuntimeBytes, measured.
+  //                 thread stacks): kRuntimeBytes, measured;
+  //   samples       sample.every's rounds (pipeline/training_samples.h): the run's model with its
+  //                 EMA part swapped in, the live part kept aside meanwhile (one more copy of the
+  //                 rank's trained part); a no-grad forward at batch 2 holds far less than a
+  //                 step's activations and gradients, so the step's figure bounds the rest.
   double largest_tensor = 0;  // the largest whole parameter, fp32
-  double construction = 0, snapshots = 0, resume = 0, runtime = 0;
+  double construction = 0, snapshots = 0, resume = 0, runtime = 0, samples = 0;
+  bool sampling = false;  // sample.every > 0
   // Peak of each phase per rank on this device (the host when training on the CPU; on a GPU the
   // device's figure, the host buffers being separate): construction, step (the above), save, resume.
   double construction_peak() const { return runtime + construction + snapshots; }
   double step_peak() const { return runtime + memory() + snapshots; }
   double resume_peak() const { return runtime + weights + optimizer + ema + snapshots + resume; }
+  double samples_peak() const { return sampling ? step_peak() + samples : 0; }  // 0: no samples
   // Bytes sent per rank per optimizer step, by collective ("all_reduce", "all_gather",
   // "reduce_scatter", "all_to_all", "send"), and by what they are for.
   std::map<std::string, double> by_collective, by_purpose;

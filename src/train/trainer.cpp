@@ -330,7 +330,9 @@ void Trainer::check_memory_plan() const {
       {"a training step", device_.is_cpu() ? plan.step_peak() : plan.runtime + plan.snapshots,
        "parallel.shard, train.batch_size, train.memory_budget_gb (recompute), train.ckpt_snapshots"},
       {"resume", device_.is_cpu() ? plan.resume_peak() : plan.runtime + plan.snapshots + plan.resume,
-       "parallel.shard, train.ckpt_snapshots"}};
+       "parallel.shard, train.ckpt_snapshots"},
+      {"samples while training", device_.is_cpu() ? plan.samples_peak() : plan.runtime + plan.snapshots,
+       "sample.every, parallel.shard, train.ckpt_snapshots"}};
   const Phase* worst = &phases[0];
   for (const Phase& p : phases)
     if (p.bytes > worst->bytes) worst = &p;

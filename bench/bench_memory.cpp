@@ -12,6 +12,8 @@
 // Rank 0 prints one row per rank and phase: measured, planned, and their ratio.
 #include <CLI/CLI.hpp>
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -76,9 +78,16 @@ int main(int argc, char** argv) {
     const bool verbose = std::getenv("BENCH_MEMORY_VERBOSE") != nullptr;
     auto done = [&](const char* phase, double measured, double planned) {
       rows.push_back({phase, measured, planned});
-      if (verbose)  // as it happens, every rank (a phase that does not fit is seen before the kill)
-        std::fprintf(stderr, "rank %d %-13s peak %6.0f MiB (now %6.0f MiB), planned %6.0f MiB\n", world->rank(), phase,
-                     measured / (1 << 20), status_kib("VmRSS:") / 1024, planned / (1 << 20));
+      if (verbose) {  // as it happens, every rank (a phase that does not fit is seen before the kill)
+        // And where the resident memory is now: anonymous vs file pages, and the heap glibc holds
+        // (in use vs free but kept).
+        const struct mallinfo2 mi = mallinfo2();
+        std::fprintf(stderr, "rank %d %-13s peak %6.0f MiB (now %6.0f MiB: anon %6.0f, file %5.0f; heap %6.0f in use, "
+                     "%6.0f free kept, %6.0f mmapped), planned %6.0f MiB\n", world->rank(), phase,
+                     measured / (1 << 20), status_kib("VmRSS:") / 1024, status_kib("RssAnon:") / 1024,
+                     status_kib("RssFile:") / 1024, double(mi.uordblks) / (1 << 20), double(mi.fordblks) / (1 << 20),
+                     double(mi.hblkhd) / (1 << 20), planned / (1 << 20));
+      }
     };
     done("runtime", status_kib("VmRSS:") * 1024, plan.runtime);
     reset_peak();

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "core/config.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/gpu_events.h"
 #include "core/malloc_tuning.h"
@@ -487,6 +488,22 @@ int sample_wan(Config cfg, const SampleArgs& a) {
   check_video_request(r, cfg.model);
   const SamplingRanks ranks = make_sampling_ranks(cfg, latent_shape(r, cfg.model), make_world_comm(env, device.type()));
   const bool lead = ranks.lead();
+  // The memory plan (pipeline/sample_memory.h) against this rank's device: on a GPU its memory, on
+  // the CPU the node's (train.host_memory_gb, else MemTotal) shared by the ranks on it. A job that
+  // cannot fit is refused before any work, naming the phase and what changes it.
+  {
+    const SampleMemory plan = predict_sample_memory(sample_memory_inputs(cfg, r, device, ranks.size()));
+    const int local = std::max(1, env.local_world);
+    const double have = device.is_cuda() ? double(cuda_total_bytes(device.index() < 0 ? 0 : device.index()))
+                        : cfg.train.host_memory_gb > 0 ? cfg.train.host_memory_gb * 1e9 / local
+                                                       : double(host_total_bytes()) / local;
+    VIDIT_CHECK(have <= 0 || double(plan.peak) <= have, "vidit sample: the ", plan.peak_phase, " phase needs ",
+                double(plan.peak) / double(1ull << 30), " GiB per rank (vidit plan --sample ", r.frames, "x", r.width, "x",
+                r.height, ranks.size() > 1 ? " --world " + std::to_string(ranks.size()) : std::string(), ") but ",
+                device.is_cuda() ? "the GPU has " : "this rank's share of the node is ", have / double(1ull << 30),
+                " GiB. Set sample.dtype = \"bf16\", sample on more ranks (the tokens split; parallel.shard shards the "
+                "weights), or ask for fewer frames or pixels. Nothing was sampled");
+  }
   const bool one_file = a.prompts.size() == 1 && a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".mp4";
   if (lead) check_output_writable(a.out, one_file);
   if (ranks.size() > 1) {

@@ -9,6 +9,7 @@ namespace vidit {
 
 #ifndef VIDIT_HAVE_CUDA
 int64_t cuda_peak_allocated_bytes(int) { return 0; }
+int64_t cuda_total_bytes(int) { return 0; }
 void cuda_reset_peak_memory(int) {}
 int64_t cuda_allocated_bytes(int) { return 0; }
 #endif

@@ -12,6 +12,8 @@ int64_t cuda_peak_allocated_bytes(int index);
 void cuda_reset_peak_memory(int index);
 // Bytes allocated by tensors on CUDA device `index` now.
 int64_t cuda_allocated_bytes(int index);
+// The memory of CUDA device `index`, bytes (0 in a build without CUDA).
+int64_t cuda_total_bytes(int index);
 // Bytes the process's heap has handed out now (glibc: arena chunks in use plus mmapped blocks);
 // LibTorch's CPU tensors come from it.
 int64_t host_heap_bytes();

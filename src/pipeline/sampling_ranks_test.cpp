@@ -232,5 +232,25 @@ TEST(SamplingCli, MpirunWritesOneVideoFromRankZero) {
   EXPECT_EQ(written, 0u);
 }
 
+// A job whose memory plan does not fit the memory given is refused before any work, naming the
+// phase and the keys that change it; nothing is written.
+TEST(SamplingCli, AJobThatDoesNotFitIsRefusedBeforeAnyWork) {
+  VIDIT_UMT5_REFERENCE(ref);
+  test::ScratchDir dir("sampling_refused");
+  const std::string root = pipeline_test::make_release(dir, ref);
+  const std::string out = dir / "out";
+  auto r = test::run_process(std::string(VIDIT_BINARY) + " sample --weights " + root + " --frames 5 --size 48x32"
+                             " --set sample.steps=2 --set train.device=\\\"cpu\\\" --set train.host_memory_gb=0.001 -p 'a boat' -o " + out);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("phase needs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sample.dtype"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Nothing was sampled"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[sample]"), std::string::npos) << r.output;
+  size_t written = 0;
+  if (fs::exists(out))
+    for (const auto& e : fs::directory_iterator(out)) written += e.path().extension() == ".mp4";
+  EXPECT_EQ(written, 0u);
+}
+
 }  // namespace
 }  // namespace vidit

@@ -12,4 +12,22 @@ namespace vidit {
 // Returns false when the C library refused the settings (then allocation behaves as before).
 bool keep_freed_memory();
 
+// For a phase that allocates many large tensors once, some kept and some freed between them (a
+// resume: each whole tensor read, this rank's part cut from it and kept, the whole freed): while
+// alive, blocks of at least 128 KiB get their own mapping again and go back to the kernel when
+// freed, instead of leaving holes in the heap between the kept ones that the heap keeps resident
+// (measured: 1.9 GB of free heap held by each of 4 ranks after a resume of the 0.28 B model, its
+// peak 22% over the plan). On destruction the settings of keep_freed_memory() return when they
+// were in force, and the heap's free pages are given back. Nothing where the C library is not glibc.
+class ScopedFreshMappings {
+ public:
+  ScopedFreshMappings();
+  ~ScopedFreshMappings();
+  ScopedFreshMappings(const ScopedFreshMappings&) = delete;
+  ScopedFreshMappings& operator=(const ScopedFreshMappings&) = delete;
+
+ private:
+  bool restore_ = false;
+};
+
 }  // namespace vidit

@@ -17,6 +17,7 @@
 
 #include "core/device_memory.h"
 #include "core/error.h"
+#include "core/malloc_tuning.h"
 #include "core/gpu_events.h"
 #include "core/peak_flops.h"
 #include "core/precision.h"
@@ -457,7 +458,9 @@ void Trainer::load(const std::string& dir) { apply(read_checkpoint(dir, local_st
 Trainer::Staged Trainer::read_checkpoint(const std::string& dir, Storage& storage) const {
   // One whole tensor at a time: read from the mapped files, verified, cut to this rank's part
   // and copied out, so that resuming a large model at any mesh needs no more memory than one
-  // whole tensor beyond a copy of this rank's state.
+  // whole tensor beyond a copy of this rank's state. The whole tensors and the parts get their own
+  // mappings (core/malloc_tuning.h): freed wholes leave no holes for the heap to keep.
+  ScopedFreshMappings fresh_mappings;
   CheckpointReader ckpt(dir, storage);
   const CheckpointState& meta = ckpt.meta();
   auto mine = [&](const char* what, const std::string& key) {

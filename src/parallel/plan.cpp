@@ -3,6 +3,7 @@
 #include "model/lora.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -163,6 +164,15 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   const double wire = double(c10::elementSize(gather.dtype)) * (block - block_fp8) + block_fp8;
   const double unit = std::max(root, block), packed = p.reduce_dtype == Precision::bf16 ? 2 : 4;
   plan.fsdp_buffers = p.shard > 1 && cfg.lora.rank == 0 ? wire + 4 * unit + 2 * 2 * packed * unit : 0;
+  // On the host (the MPI engine), the nonblocking reduce-scatter of Open MPI's libnbc reduces
+  // along a binomial tree to the group's first member and then scatters: a member receives each
+  // child's whole input into a buffer of its own, so the first member (log2 S children) holds that
+  // many more whole units per reduce-scatter in flight (measured at 8 ranks: the even ranks, which
+  // have children, peaked 0.3-0.5 GB above the odd ones, rank 0 most). The plan is the worst
+  // member's. NCCL's reduce-scatter keeps no such buffers.
+  const bool host_engine = cfg.train.device == DeviceChoice::cpu ||
+                           (cfg.train.device == DeviceChoice::automatic && !at::hasCUDA());
+  if (plan.fsdp_buffers > 0 && host_engine) plan.fsdp_buffers += 2 * std::ceil(std::log2(S)) * packed * unit;
   // Blocks recomputed whole keep their input only, those recomputed selectively also the
   // self-attention's q, k, v and output (5 [b, L, d] values, q, k, v and the output in bf16 when
   // autocast is on); one of them at a time holds its full activations again during its backward.

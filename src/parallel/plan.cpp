@@ -264,7 +264,8 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
      << "                total ~" << human(plan.memory()) << "\n"
      << "peak by phase   construction " << human(plan.construction_peak()) << ", step "
      << human(plan.step_peak()) << ", resume " << human(plan.resume_peak())
-     << (plan.sampling ? ", samples (sample.every) " + human(plan.samples_peak()) : std::string()) << " per rank (runtime "
+     << (plan.sampling ? ", samples (sample.every) " + human(plan.samples_peak()) : std::string())
+     << ", export " << human(plan.export_peak()) << " (one process) per rank (runtime "
      << human(plan.runtime) << ", checkpoint snapshots " << human(plan.snapshots) << " in "
      << cfg.train.ckpt_snapshots << " set" << (cfg.train.ckpt_snapshots == 1 ? "" : "s")
      << " of host memory: train.ckpt_snapshots; the largest whole tensor " << human(plan.largest_tensor) << ")\n";

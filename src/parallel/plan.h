@@ -97,6 +97,9 @@ struct StepPlan {
   double step_peak() const { return runtime + memory() + snapshots; }
   double resume_peak() const { return runtime + weights + optimizer + ema + snapshots + resume; }
   double samples_peak() const { return sampling ? step_peak() + samples : 0; }  // 0: no samples
+  // `vidit export` of a checkpoint (train/run_weights.h, streaming): one process, one whole tensor
+  // read from the parts and its renamed / converted copy at a time, whatever the mesh that saved it.
+  double export_peak() const { return runtime + 2 * largest_tensor; }
   // Bytes sent per rank per optimizer step, by collective ("all_reduce", "all_gather",
   // "reduce_scatter", "all_to_all", "send"), and by what they are for.
   std::map<std::string, double> by_collective, by_purpose;

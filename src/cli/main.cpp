@@ -40,6 +40,7 @@
 #include "diagnose/doctor.h"
 #include "diagnose/health.h"
 #include "pipeline/sampling_ranks.h"
+#include "text/umt5.h"
 #include "pipeline/training_samples.h"
 #include "diagnose/rank_hosts.h"
 #include "diagnose/replica_check.h"
@@ -492,13 +493,24 @@ int sample_wan(Config cfg, const SampleArgs& a) {
   // the CPU the node's (train.host_memory_gb, else MemTotal) shared by the ranks on it. A job that
   // cannot fit is refused before any work, naming the phase and what changes it.
   {
-    const SampleMemory plan = predict_sample_memory(sample_memory_inputs(cfg, r, device, ranks.size()));
+    SampleMemoryInputs in = sample_memory_inputs(cfg, r, device, ranks.size());
+    // The text encoder's own shape where its folder says it (config.json), else umT5-XXL's.
+    const std::filesystem::path text_config = std::filesystem::path(w.text_encoder) / "config.json";
+    if (std::filesystem::is_directory(w.text_encoder) && std::filesystem::is_regular_file(text_config))
+      in.text = text::Umt5Config::from_json_file(text_config.string());
+    const SampleMemory plan = predict_sample_memory(in);
+    // The text phase, and an untiled decode, are rank 0's alone.
+    double need = 0;
+    std::string phase;
+    for (const PhaseMemory& p : plan.phases)
+      if ((lead || (p.name != "text" && (p.name != "decode" || in.tiled))) && double(p.peak) > need)
+        need = double(p.peak), phase = p.name;
     const int local = std::max(1, env.local_world);
     const double have = device.is_cuda() ? double(cuda_total_bytes(device.index() < 0 ? 0 : device.index()))
                         : cfg.train.host_memory_gb > 0 ? cfg.train.host_memory_gb * 1e9 / local
                                                        : double(host_total_bytes()) / local;
-    VIDIT_CHECK(have <= 0 || double(plan.peak) <= have, "vidit sample: the ", plan.peak_phase, " phase needs ",
-                double(plan.peak) / double(1ull << 30), " GiB per rank (vidit plan --sample ", r.frames, "x", r.width, "x",
+    VIDIT_CHECK(have <= 0 || need <= have, "vidit sample: the ", phase, " phase needs ",
+                need / double(1ull << 30), " GiB on rank ", ranks.rank(), " (vidit plan --sample ", r.frames, "x", r.width, "x",
                 r.height, ranks.size() > 1 ? " --world " + std::to_string(ranks.size()) : std::string(), ") but ",
                 device.is_cuda() ? "the GPU has " : "this rank's share of the node is ", have / double(1ull << 30),
                 " GiB. Set sample.dtype = \"bf16\", sample on more ranks (the tokens split; parallel.shard shards the "
@@ -617,10 +629,10 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
   PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n, &progress);
   std::printf("%s", prepare_summary(r, n > 1 ? "summary of worker " + std::to_string(w) + " of " + std::to_string(n)
                                              : std::string("summary")).c_str());
-  std::printf("prepared %lld entries in %.1f s: %lld written, %lld already cached, %lld rejected "
-              "(see %s/rejects%s)\n", (long long)r.entries, r.seconds,
-              (long long)r.written, (long long)r.already_done, (long long)r.rejected, cfg.data.cache_dir.c_str(),
-              r.merged ? ".jsonl" : "/");
+  std::printf("prepared %lld entries in %.1f s: %lld written, %lld already cached, %lld re-embedded (new caption), "
+              "%lld rejected (see %s/rejects%s)\n", (long long)r.entries, r.seconds,
+              (long long)r.written, (long long)r.already_done, (long long)r.reembedded, (long long)r.rejected,
+              cfg.data.cache_dir.c_str(), r.merged ? ".jsonl" : "/");
   if (r.merged && n > 1)
     std::printf("%s", prepare_summary(prepare_totals(cfg.data.cache_dir, n), "summary of all " + std::to_string(n) + " workers").c_str());
   if (r.merged) std::printf("index merged: %s/index.jsonl\n", cfg.data.cache_dir.c_str());

@@ -70,16 +70,24 @@ std::vector<std::string> index_parts(const std::string& dir) {
 }
 
 std::vector<CacheIndexEntry> merged_parts(const std::string& dir) {
-  std::vector<CacheIndexEntry> all;
-  std::map<std::string, std::string> where;
+  // Of each key, its latest revision (a re-captioned clip is written again with rev + 1).
+  std::map<std::string, std::pair<CacheIndexEntry, std::string>> latest;  // key -> entry, its part
   for (const auto& p : index_parts(dir))
     for (auto& e : read_index_file(p)) {
-      auto [it, fresh] = where.emplace(e.key, p);
-      VIDIT_CHECK(fresh, "cache '", dir, "': sample '", e.key, "' is in both ", it->second, " and ", p,
-                  "; remove one of the two index parts (and its shard) and re-run vidit prepare");
-      all.push_back(std::move(e));
+      auto it = latest.find(e.key);
+      if (it == latest.end()) {
+        const std::string key = e.key;  // e is moved from below
+        latest.emplace(key, std::make_pair(std::move(e), p));
+        continue;
+      }
+      VIDIT_CHECK(it->second.first.rev != e.rev, "cache '", dir, "': sample '", e.key, "' is in both ",
+                  it->second.second, " and ", p, " (revision ", e.rev,
+                  "); remove one of the two index parts (and its shard) and re-run vidit prepare");
+      if (e.rev > it->second.first.rev) it->second = std::make_pair(std::move(e), p);
     }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  std::vector<CacheIndexEntry> all;
+  all.reserve(latest.size());
+  for (auto& [key, entry] : latest) all.push_back(std::move(entry.first));  // a std::map: sorted by key
   return all;
 }
 
@@ -89,6 +97,7 @@ nlohmann::json CacheIndexEntry::to_json() const {
   nlohmann::json j{{"key", key}, {"shard", shard}, {"bucket", bucket}, {"shape", shape},
                    {"checksum", hex64(checksum)}, {"meta", meta}};
   if (!text_ref.empty()) j["text_ref"] = text_ref;
+  if (rev > 0) j["rev"] = rev;
   return j;
 }
 
@@ -102,6 +111,7 @@ CacheIndexEntry CacheIndexEntry::from_json(const nlohmann::json& j, const std::s
     e.checksum = parse_hex64(j.at("checksum").get<std::string>(), where);
     e.meta = j.value("meta", nlohmann::json::object());
     e.text_ref = j.value("text_ref", std::string());
+    e.rev = j.value("rev", int64_t(0));
   } catch (const nlohmann::json::exception& ex) {
     fail(where, ": bad cache index entry (", ex.what(), "); re-run vidit prepare to rewrite it");
   }
@@ -124,6 +134,26 @@ std::string cache_key(const std::string& path, double start, double end) {
   return hex64(XXH3_64bits(s.data(), s.size()));
 }
 
+uint64_t caption_hash(const std::string& caption) { return XXH3_64bits(caption.data(), caption.size()); }
+
+CacheSample read_cached_sample(const std::string& dir, const CacheIndexEntry& e) {
+  const std::string path = dir + "/" + e.shard;
+  MappedFile file(path, "cache shard", "re-run vidit prepare to rewrite it");
+  const TensorMap t = view_safetensors(file.data(), file.size(), path);
+  auto get = [&](const char* what) {
+    auto it = t.find(e.key + "/" + what);
+    VIDIT_CHECK(it != t.end(), "cache shard '", path, "' has no '", e.key, "/", what, "' (index and shard disagree)");
+    return it->second.clone();  // the mapping goes with this function
+  };
+  CacheSample s;
+  s.key = e.key, s.bucket = e.bucket, s.text_ref = e.text_ref, s.meta = e.meta, s.rev = e.rev;
+  s.mean = get("mean"), s.std = get("std");
+  if (e.text_ref.empty()) s.text = get("text");
+  if (checksum(s.mean, s.std, s.text) != e.checksum)
+    throw CacheCorruption("cache sample '" + e.key + "' in '" + path + "' fails its checksum (the shard is damaged)");
+  return s;
+}
+
 // ---------------------------------------------------------------------------------------------
 CacheWriter::CacheWriter(std::string dir, int worker, int64_t shard_bytes, at::ScalarType dtype)
     : dir_(std::move(dir)), worker_(worker), shard_bytes_(shard_bytes), dtype_(dtype) {
@@ -134,7 +164,11 @@ CacheWriter::CacheWriter(std::string dir, int worker, int64_t shard_bytes, at::S
   char prefix[16];
   std::snprintf(prefix, sizeof prefix, "w%03d-", worker_);
   for (const auto& p : index_parts(dir_)) {
-    for (const auto& e : read_index_file(p)) done_.insert(e.key);
+    for (const auto& e : read_index_file(p)) {
+      auto it = done_.find(e.key);
+      if (it != done_.end() && it->second.rev >= e.rev) continue;
+      done_[e.key] = CachedKey{e.rev, e.shard, e.text_ref, caption_hash(e.meta.value("caption", std::string()))};
+    }
     const std::string stem = fs::path(p).stem().string();
     if (stem.rfind(prefix, 0) == 0) next_shard_ = std::max<int64_t>(next_shard_, std::stoll(stem.substr(5)) + 1);
   }
@@ -154,7 +188,8 @@ void CacheWriter::add(const CacheSample& s) {
               "cache writer: sample '", s.key, "' needs mean and std of the same shape [C, T, H, W]");
   VIDIT_CHECK(s.text.defined() != !s.text_ref.empty(), "cache writer: sample '", s.key,
               "' needs exactly one of a text tensor and a text_ref");
-  if (done_.count(s.key)) return;
+  auto cached = done_.find(s.key);
+  if (cached != done_.end() && cached->second.rev >= s.rev) return;
   at::Tensor mean = s.mean.detach().to(at::kCPU, dtype_).contiguous();
   at::Tensor std = s.std.detach().to(at::kCPU, dtype_).contiguous();
   at::Tensor text = s.text.defined() ? s.text.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
@@ -165,8 +200,9 @@ void CacheWriter::add(const CacheSample& s) {
   e.key = s.key, e.bucket = s.bucket, e.text_ref = s.text_ref, e.meta = s.meta;
   e.shape = mean.sizes().vec();
   e.checksum = checksum(mean, std, text);
+  e.rev = s.rev;
+  done_[s.key] = CachedKey{s.rev, "", s.text_ref, caption_hash(s.meta.value("caption", std::string()))};
   pending_index_.push_back(std::move(e));
-  done_.insert(s.key);
   pending_bytes_ += int64_t(2 * mean.numel() * mean.element_size() + (text.defined() ? text.numel() * 4 : 0));
   if (pending_bytes_ >= shard_bytes_) flush();
 }
@@ -180,6 +216,7 @@ void CacheWriter::flush() {
   std::string lines;
   for (auto& e : pending_index_) {
     e.shard = shard;
+    done_[e.key].shard = shard;
     lines += e.to_json().dump() + "\n";
   }
   write_file_atomic(dir_ + "/index/" + name + ".jsonl", lines);  // the commit point
@@ -188,6 +225,16 @@ void CacheWriter::flush() {
   pending_.clear();
   pending_index_.clear();
   pending_bytes_ = 0;
+}
+
+CacheIndexEntry CacheWriter::cached_entry(const std::string& key) const {
+  auto it = done_.find(key);
+  VIDIT_CHECK(it != done_.end() && !it->second.shard.empty(), "cache '", dir_, "': '", key, "' is not in a finished shard");
+  // Shard shards/NAME.safetensors is committed by index/NAME.jsonl.
+  const std::string name = fs::path(it->second.shard).stem().string();
+  for (auto& e : read_index_file(dir_ + "/index/" + name + ".jsonl"))
+    if (e.key == key && e.rev == it->second.rev) return e;
+  fail("cache '", dir_, "': index/", name, ".jsonl has no line for '", key, "' (revision ", it->second.rev, ")");
 }
 
 int64_t merge_cache_index(const std::string& dir) {

@@ -39,12 +39,16 @@ struct CacheSample {
   std::string text_ref;   // a safetensors file holding this sample's text embedding, or empty
   std::string bucket;     // bucket name, e.g. "17x256x448"
   nlohmann::json meta = nlohmann::json::object();  // source, start, end, fps, caption, ...
+  // Revision of the key: a later revision of a key replaces the earlier one (a re-captioned clip's
+  // new text). 0 for a key's first sample.
+  int64_t rev = 0;
 };
 
 struct CacheIndexEntry {
   std::string key, shard, bucket, text_ref;
   std::vector<int64_t> shape;  // latent [C, T, H, W]
   uint64_t checksum = 0;
+  int64_t rev = 0;             // "rev" in the line, absent for 0 (caches written before it)
   nlohmann::json meta;
   nlohmann::json to_json() const;
   static CacheIndexEntry from_json(const nlohmann::json& j, const std::string& where);
@@ -63,6 +67,19 @@ class CacheCorruption : public Error {
   using Error::Error;
 };
 
+// What a rerun of prepare needs to know of a key already cached: its latest revision, where it
+// is, and what it was made from (the caption's hash, or the precomputed embedding file).
+struct CachedKey {
+  int64_t rev = 0;
+  std::string shard, text_ref;
+  uint64_t caption_hash = 0;
+};
+uint64_t caption_hash(const std::string& caption);
+
+// The sample of `e` (an index entry of the cache in `dir`) read from its shard and checked
+// against its checksum (CacheCorruption on a mismatch); its tensors are copies.
+CacheSample read_cached_sample(const std::string& dir, const CacheIndexEntry& e);
+
 class CacheWriter {
  public:
   // `worker`: this process's slice number (keeps shard names disjoint); `shard_bytes`: a shard
@@ -70,8 +87,12 @@ class CacheWriter {
   CacheWriter(std::string dir, int worker, int64_t shard_bytes, at::ScalarType dtype = at::kBFloat16);
   ~CacheWriter();  // writes what is pending (errors are printed, not thrown)
 
-  // Keys already in finished shards of any worker: a rerun skips them.
-  const std::set<std::string>& done() const { return done_; }
+  // Keys already in finished shards of any worker (their latest revision): a rerun skips them,
+  // or replaces one with a later revision.
+  const std::map<std::string, CachedKey>& done() const { return done_; }
+  // The whole index entry of a cached key (read from its index part); throws if it is not cached.
+  CacheIndexEntry cached_entry(const std::string& key) const;
+  // Adds a sample; one of a key already cached at the same or a later revision is dropped.
   void add(const CacheSample& s);
   void flush();  // writes the pending shard and its index part now
   int64_t samples_written() const { return written_; }
@@ -81,14 +102,15 @@ class CacheWriter {
   int worker_;
   int64_t shard_bytes_;
   at::ScalarType dtype_;
-  std::set<std::string> done_;
+  std::map<std::string, CachedKey> done_;
   std::map<std::string, at::Tensor> pending_;
   std::vector<CacheIndexEntry> pending_index_;
   int64_t pending_bytes_ = 0, next_shard_ = 0, written_ = 0;
 };
 
-// Merges index/*.jsonl into index.jsonl (sorted by key, atomically). Returns the sample count.
-// Throws naming the part and line for a malformed line, or a key written twice.
+// Merges index/*.jsonl into index.jsonl (sorted by key, atomically; of a key's revisions the
+// latest). Returns the sample count. Throws naming the part and line for a malformed line, or a
+// key written twice at the same revision.
 int64_t merge_cache_index(const std::string& dir);
 
 class LatentCache {

@@ -82,6 +82,63 @@ TEST(LatentCache, RerunSkipsFinishedShardsAndRedoesTheUnfinished) {
   EXPECT_EQ(other.done().size(), 4u);
 }
 
+// A key written again at a later revision (a re-captioned clip) replaces the earlier one in the
+// writer's view, the merged index and the cache; the same key at the same revision in two parts
+// is still an error.
+TEST(LatentCache, ALaterRevisionOfAKeyReplacesTheEarlier) {
+  test::ScratchDir dir("cache_revisions");
+  {
+    CacheWriter w(dir.path(), 0, 1 << 20, at::kFloat);
+    for (int i = 0; i < 2; ++i) w.add(sample(i));
+  }
+  CacheSample again = sample(0);
+  again.text = at::full({3, 8}, 7.0);
+  again.meta["caption"] = "a new caption";
+  {
+    CacheWriter w(dir.path(), 1, 1 << 20, at::kFloat);
+    EXPECT_EQ(w.done().at(again.key).rev, 0);
+    EXPECT_EQ(w.done().at(again.key).caption_hash, caption_hash("clip 0"));
+    w.add(again);  // revision 0 again: dropped
+    w.flush();
+    EXPECT_EQ(w.samples_written(), 0);
+    again.rev = 1;
+    w.add(again);
+    w.flush();
+    EXPECT_EQ(w.samples_written(), 1);
+    EXPECT_EQ(w.cached_entry(again.key).meta["caption"], "a new caption");
+    const CacheSample back = read_cached_sample(dir.path(), w.cached_entry(again.key));
+    EXPECT_TRUE(at::equal(back.text, again.text));
+    EXPECT_EQ(back.rev, 1);
+  }
+  EXPECT_EQ(CacheWriter(dir.path(), 2, 1 << 20).done().at(again.key).rev, 1);
+  EXPECT_EQ(merge_cache_index(dir.path()), 2);  // not 3: one entry per key
+  LatentCache cache(dir.path());
+  ASSERT_EQ(cache.size(), 2);
+  for (int64_t i = 0; i < cache.size(); ++i)
+    if (cache.entry(i).key == again.key) {
+      EXPECT_EQ(cache.entry(i).rev, 1);
+      EXPECT_TRUE(at::equal(cache.load(i).text, again.text));
+    }
+  // The same key at the same revision in another part: refused, naming both parts.
+  {
+    CacheWriter w(dir.path(), 3, 1 << 20, at::kFloat);
+    CacheSample dup = sample(1);
+    dup.rev = 1;
+    w.add(dup);  // revision 1 of clip 1 (whose latest is 0): written
+  }
+  {
+    CacheWriter w(dir.path(), 4, 1 << 20, at::kFloat);
+    EXPECT_EQ(w.done().at(sample(1).key).rev, 1);
+  }
+  fs::copy_file(dir / "index/w003-00000.jsonl", dir / "index/w005-00000.jsonl");
+  try {
+    merge_cache_index(dir.path());
+    FAIL() << "a key twice at one revision was merged";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("revision 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(LatentCache, DamagedBytesFailTheChecksum) {
   test::ScratchDir dir("cache_corrupt");
   {

@@ -59,7 +59,7 @@ std::string worker_name(int w) {
 }
 
 nlohmann::json report_json(const PrepareReport& r) {
-  return {{"entries", r.entries}, {"written", r.written}, {"already_done", r.already_done}, {"rejected", r.rejected},
+  return {{"entries", r.entries}, {"written", r.written}, {"already_done", r.already_done}, {"reembedded", r.reembedded}, {"rejected", r.rejected},
           {"seconds", r.seconds}, {"source_seconds", r.source_seconds}, {"per_bucket", r.per_bucket},
           {"rejected_by", r.rejected_by}, {"videos_cut", r.videos_cut}, {"warned_by", r.warned_by}};
 }
@@ -289,6 +289,25 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
     if (fps > 0) rep.source_seconds += double(b.frames) / fps;
   };
 
+  // A cached clip whose caption (or precomputed embedding file) is no longer the manifest's gets
+  // its new text without its video being decoded or encoded again: its latents are copied from
+  // its shard, checked, into a new revision of its key, which replaces the old one in the index.
+  auto stale_caption = [&](const ManifestEntry& e, const CachedKey& c) {
+    return d.text_encoder == TextEncoder::precomputed ? c.text_ref != e.text_embedding
+                                                      : c.caption_hash != caption_hash(e.caption);
+  };
+  auto reembed = [&](const ManifestEntry& e, const std::string& key) {
+    CacheSample s = read_cached_sample(d.cache_dir, writer.cached_entry(key));
+    s.text = at::Tensor();
+    s.text_ref.clear();
+    caption_into(e, s);
+    s.meta["caption"] = e.caption;
+    ++s.rev;
+    writer.add(s);
+    ++rep.reembedded;
+    prog.count("re-embedded");
+  };
+
   // Many clips per video (data.clip_seconds): see the header of prepare.h.
   const bool cutting = d.clip_seconds > 0 || d.split_scenes;
   VIDIT_CHECK(!d.split_scenes || d.clip_seconds > 0, cfg.source, ": data.split_scenes needs data.clip_seconds (the ",
@@ -317,8 +336,20 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       bool all = true;
       for (const auto& k : it->second) all = all && writer.done().count(k);
       if (all) {  // every clip of this video is in a finished shard: nothing to decode
-        rep.already_done += int64_t(it->second.size());
-        prog.count("cached", int64_t(it->second.size()));
+        for (const auto& k : it->second) {
+          if (!stale_caption(e, writer.done().at(k))) {
+            ++rep.already_done;
+            prog.count("cached");
+            continue;
+          }
+          try {
+            reembed(e, k);
+          } catch (const std::exception& ex) {
+            rejects.add(e.path, e.where, std::string("its clip ") + k + " is cached with another caption and its "
+                        "latents cannot be read to give it the new one (" + ex.what() + "); delete its shard and "
+                        "index part and re-run vidit prepare", "caption");
+          }
+        }
         ++rep.videos_cut;
         board.update();
         prog.skip();
@@ -346,17 +377,29 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
           const std::string key = cache_key(e.path, c.window.start, c.window.end);
           const int64_t index = int64_t(keys.size());
           keys.push_back(key);
-          if (writer.done().count(key)) {
-            ++rep.already_done;
-            ++usable;
-            prog.count("cached");
-            continue;
+          int64_t rev = 0;
+          if (auto cached = writer.done().find(key); cached != writer.done().end()) {
+            if (!stale_caption(e, cached->second)) {
+              ++rep.already_done;
+              ++usable;
+              prog.count("cached");
+              continue;
+            }
+            try {
+              reembed(e, key);
+              ++usable;
+              continue;
+            } catch (const std::exception& ex) {  // its latents unreadable: encoded again from these frames
+              std::fprintf(stderr, "warning: %s: clip %s: %s; encoding it again\n", e.path.c_str(), key.c_str(), ex.what());
+              rev = cached->second.rev + 1;
+            }
           }
           const char* clip_stage = "bucket";
           try {
             VIDIT_CHECK(c.frames.defined(), "no frame in the clip window");
             CacheSample s = proto;
             s.key = key;
+            s.rev = rev;
             const double fps = o.target_fps > 0 ? o.target_fps : interval > 0 ? 1 / interval : 0;
             s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", c.window.start}, {"end", c.window.end},
                       {"clip", index}, {"source_size", {width, height}}};
@@ -413,12 +456,24 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       continue;
     }
     const std::string key = cache_key(e.path, e.start, e.end);
-    if (writer.done().count(key)) {
-      ++rep.already_done;
-      prog.count("cached");
-      board.update();
-      prog.skip();
-      continue;
+    int64_t rev = 0;
+    if (auto cached = writer.done().find(key); cached != writer.done().end()) {
+      if (!stale_caption(e, cached->second)) {
+        ++rep.already_done;
+        prog.count("cached");
+        board.update();
+        prog.skip();
+        continue;
+      }
+      try {
+        reembed(e, key);
+        board.update();
+        prog.advance();
+        continue;
+      } catch (const std::exception& ex) {  // its latents unreadable: decoded and encoded again below
+        std::fprintf(stderr, "warning: %s (%s): %s; encoding it again\n", e.path.c_str(), e.where.c_str(), ex.what());
+        rev = cached->second.rev + 1;
+      }
     }
     // Where a failure happened names its reject category.
     const char* stage = "decode";
@@ -434,6 +489,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       VIDIT_CHECK(choice.ok(), choice.reason);
       CacheSample s;
       s.key = key;
+      s.rev = rev;
       stage = "caption";
       caption_into(e, s);
       s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
@@ -477,6 +533,7 @@ PrepareReport prepare_totals(const std::string& cache_dir, int workers) {
     all.entries += j.value("entries", int64_t(0));
     all.written += j.value("written", int64_t(0));
     all.already_done += j.value("already_done", int64_t(0));
+    all.reembedded += j.value("reembedded", int64_t(0));
     all.rejected += j.value("rejected", int64_t(0));
     all.seconds = std::max(all.seconds, j.value("seconds", 0.0));
     all.source_seconds += j.value("source_seconds", 0.0);
@@ -497,6 +554,7 @@ std::string prepare_summary(const PrepareReport& r, const std::string& title) {
   for (const auto& [b, n] : r.per_bucket) rows.emplace_back("clips in " + b, num(n));
   rows.emplace_back("clips written", num(r.written));
   rows.emplace_back("already cached", num(r.already_done));
+  if (r.reembedded > 0) rows.emplace_back("re-embedded", num(r.reembedded) + " (new caption, latents kept)");
   for (const auto& [c, n] : r.rejected_by) rows.emplace_back("rejected: " + c, num(n));
   rows.emplace_back("rejected", num(r.rejected));
   for (const auto& [c, n] : r.warned_by) rows.emplace_back("warnings: " + c, num(n));

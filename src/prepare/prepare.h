@@ -51,6 +51,7 @@ struct PrepareReport {
   int64_t entries = 0;         // manifest entries in this worker's slice
   int64_t written = 0;         // samples added to the cache by this run
   int64_t already_done = 0;    // found in finished shards and skipped
+  int64_t reembedded = 0;      // found with another caption: new text, latents copied (a new revision)
   int64_t rejected = 0;        // manifest lines and clips that could not be used
   bool merged = false;         // this worker merged the indexes (it finished last)
   double seconds = 0;

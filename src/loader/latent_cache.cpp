@@ -134,7 +134,7 @@ std::string cache_key(const std::string& path, double start, double end) {
   return hex64(XXH3_64bits(s.data(), s.size()));
 }
 
-uint64_t caption_hash(const std::string& caption) { return XXH3_64bits(caption.data(), caption.size()); }
+uint64_t caption_digest(const std::string& caption) { return XXH3_64bits(caption.data(), caption.size()); }
 
 CacheSample read_cached_sample(const std::string& dir, const CacheIndexEntry& e) {
   const std::string path = dir + "/" + e.shard;
@@ -167,7 +167,7 @@ CacheWriter::CacheWriter(std::string dir, int worker, int64_t shard_bytes, at::S
     for (const auto& e : read_index_file(p)) {
       auto it = done_.find(e.key);
       if (it != done_.end() && it->second.rev >= e.rev) continue;
-      done_[e.key] = CachedKey{e.rev, e.shard, e.text_ref, caption_hash(e.meta.value("caption", std::string()))};
+      done_[e.key] = CachedKey{e.rev, e.shard, e.text_ref, caption_digest(e.meta.value("caption", std::string()))};
     }
     const std::string stem = fs::path(p).stem().string();
     if (stem.rfind(prefix, 0) == 0) next_shard_ = std::max<int64_t>(next_shard_, std::stoll(stem.substr(5)) + 1);
@@ -201,7 +201,7 @@ void CacheWriter::add(const CacheSample& s) {
   e.shape = mean.sizes().vec();
   e.checksum = checksum(mean, std, text);
   e.rev = s.rev;
-  done_[s.key] = CachedKey{s.rev, "", s.text_ref, caption_hash(s.meta.value("caption", std::string()))};
+  done_[s.key] = CachedKey{s.rev, "", s.text_ref, caption_digest(s.meta.value("caption", std::string()))};
   pending_index_.push_back(std::move(e));
   pending_bytes_ += int64_t(2 * mean.numel() * mean.element_size() + (text.defined() ? text.numel() * 4 : 0));
   if (pending_bytes_ >= shard_bytes_) flush();

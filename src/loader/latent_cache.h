@@ -72,9 +72,9 @@ class CacheCorruption : public Error {
 struct CachedKey {
   int64_t rev = 0;
   std::string shard, text_ref;
-  uint64_t caption_hash = 0;
+  uint64_t caption_digest = 0;
 };
-uint64_t caption_hash(const std::string& caption);
+uint64_t caption_digest(const std::string& caption);
 
 // The sample of `e` (an index entry of the cache in `dir`) read from its shard and checked
 // against its checksum (CacheCorruption on a mismatch); its tensors are copies.

@@ -97,7 +97,7 @@ TEST(LatentCache, ALaterRevisionOfAKeyReplacesTheEarlier) {
   {
     CacheWriter w(dir.path(), 1, 1 << 20, at::kFloat);
     EXPECT_EQ(w.done().at(again.key).rev, 0);
-    EXPECT_EQ(w.done().at(again.key).caption_hash, caption_hash("clip 0"));
+    EXPECT_EQ(w.done().at(again.key).caption_digest, caption_digest("clip 0"));
     w.add(again);  // revision 0 again: dropped
     w.flush();
     EXPECT_EQ(w.samples_written(), 0);

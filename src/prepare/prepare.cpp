@@ -7,6 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
+#include <set>
+#include <map>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -294,7 +297,7 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   // its shard, checked, into a new revision of its key, which replaces the old one in the index.
   auto stale_caption = [&](const ManifestEntry& e, const CachedKey& c) {
     return d.text_encoder == TextEncoder::precomputed ? c.text_ref != e.text_embedding
-                                                      : c.caption_hash != caption_hash(e.caption);
+                                                      : c.caption_digest != caption_digest(e.caption);
   };
   auto reembed = [&](const ManifestEntry& e, const std::string& key) {
     CacheSample s = read_cached_sample(d.cache_dir, writer.cached_entry(key));
@@ -516,6 +519,39 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   }
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
+}
+
+std::vector<std::string> stale_captions(const Config& cfg, const std::vector<CacheIndexEntry>& entries,
+                                        int64_t* missing) {
+  const Manifest manifest = read_manifest(cfg.data.manifest);
+  const bool precomputed = cfg.data.text_encoder == TextEncoder::precomputed;
+  std::map<std::string, const ManifestEntry*> by_key, by_source;
+  std::set<std::string> repeated;  // videos listed more than once (several windows)
+  for (const ManifestEntry& e : manifest.entries) {
+    by_key[cache_key(e.path, e.start, e.end)] = &e;
+    if (!by_source.emplace(e.path, &e).second) repeated.insert(e.path);
+  }
+  std::vector<std::string> out;
+  int64_t gone = 0;
+  for (const CacheIndexEntry& c : entries) {
+    const std::string source = c.meta.value("source", std::string());
+    const ManifestEntry* e = nullptr;
+    if (auto k = by_key.find(c.key); k != by_key.end()) e = k->second;
+    else if (auto s = by_source.find(source); s != by_source.end() && !repeated.count(source)) e = s->second;
+    if (!e) {
+      ++gone;
+      continue;
+    }
+    std::ostringstream line;
+    line << c.key << " " << source << " [" << c.meta.value("start", -1.0) << ", " << c.meta.value("end", -1.0) << "]: ";
+    if (precomputed ? c.text_ref != e->text_embedding : c.meta.value("caption", std::string()) != e->caption) {
+      line << (precomputed ? "text_embedding file changed" : "caption changed") << " (" << e->where
+           << "); a rerun of vidit prepare gives it the new text without encoding the video again";
+      out.push_back(line.str());
+    }
+  }
+  if (missing) *missing = gone;
+  return out;
 }
 
 PrepareReport prepare_totals(const std::string& cache_dir, int workers) {

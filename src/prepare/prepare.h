@@ -38,6 +38,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "loader/latent_cache.h"
 #include "core/progress.h"
 
 namespace vidit {
@@ -78,5 +79,13 @@ std::string prepare_summary(const PrepareReport& r, const std::string& title);
 
 // Re-merges index parts and rejects (after workers finished without the last one merging).
 int64_t merge_prepared(const std::string& cache_dir);
+
+// `vidit prepare --verify`'s check of the inputs: one line per cached sample whose manifest
+// caption (or precomputed embedding file) is no longer the one it was made with, "<key> <source>
+// [start, end]: ...". A sample is found by its key (a whole video's window) or, for a clip cut
+// from a video, by its source when the manifest has that video once. Samples of videos no longer
+// in the manifest are counted in `*missing`.
+std::vector<std::string> stale_captions(const Config& cfg, const std::vector<CacheIndexEntry>& entries,
+                                        int64_t* missing = nullptr);
 
 }  // namespace vidit

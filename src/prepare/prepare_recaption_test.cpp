@@ -14,6 +14,7 @@
 #include "loader/latent_cache.h"
 #include "prepare/frame_encoder.h"
 #include "prepare/prepare.h"
+#include "parallel/mpi_test_util.h"
 #include "video/video_test_util.h"
 
 namespace vidit {
@@ -31,13 +32,23 @@ struct Recaptioned {
     ffmpeg("-f lavfi -i testsrc2=size=64x48:rate=8 -frames:v 24 -pix_fmt yuv420p -c:v libx264 " + v + "/land.mp4");
     ffmpeg("-f lavfi -i testsrc2=size=48x64:rate=8 -frames:v 24 -pix_fmt yuv420p -c:v libx264 " + v + "/port.mp4");
     write_manifest("a grey test card", "a tall test card");
-    cfg = load_config("", {"model.in_channels=12", "model.out_channels=12", "model.patch=[1,2,2]", "data.source=\"cache\"",
+    sets = {"model.in_channels=12", "model.out_channels=12", "model.patch=[1,2,2]", "data.source=\"cache\"",
                            "data.manifest=\"" + (dir / "manifest.jsonl") + "\"", "data.cache_dir=\"" + (dir / "cache") + "\"",
                            "data.codec=\"demo\"", "data.cache_dtype=\"fp32\"", "data.decode_threads=1",
                            "data.clip_seconds=" + std::to_string(clip_seconds), "buckets.resolutions=[48]",
                            "buckets.aspect_ratios=[1.3333333, 0.75]", "buckets.frames=[5, 9]",
-                           "buckets.frame_stride=4", "buckets.multiple=8"});
+                           "buckets.frame_stride=4", "buckets.multiple=8"};
+    cfg = load_config("", sets);
   }
+  // `vidit prepare ARGS` on this cache; returns the exit status, the output in *out.
+  int vidit_prepare(const std::string& args, std::string* out) const {
+    std::string cmd = std::string(VIDIT_BINARY) + " prepare " + args;
+    for (const auto& s : sets) cmd += " --set '" + s + "'";
+    auto r = test::run_process(cmd);
+    *out = r.output;
+    return r.status;
+  }
+  std::vector<std::string> sets;
   void write_manifest(const std::string& land, const std::string& port) const {
     std::ofstream m(dir / "manifest.jsonl");
     m << nlohmann::json{{"path", "videos/land.mp4"}, {"caption", land}}.dump() << "\n"
@@ -70,6 +81,12 @@ TEST(CacheFollowsCaptions, ANewCaptionIsEmbeddedWithoutEncodingTheVideoAgain) {
   const auto before = r.by_caption();
 
   r.write_manifest("a red car drives through the rain", "a tall test card");
+  // --verify names the clip whose caption the manifest no longer gives (exit 5), and nothing else.
+  std::string out;
+  EXPECT_EQ(r.vidit_prepare("--verify", &out), 5) << out;
+  EXPECT_NE(out.find("land.mp4 [-1, -1]: caption changed"), std::string::npos) << out;
+  EXPECT_EQ(out.find("port.mp4"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 failed their checksum, 1 stale, 0 not in the manifest"), std::string::npos) << out;
   encodes = 0;
   PrepareReport again = r.prepare(&encodes);
   EXPECT_EQ(encodes, 0) << "a caption change decoded and encoded a video";
@@ -104,6 +121,8 @@ TEST(CacheFollowsCaptions, ANewCaptionIsEmbeddedWithoutEncodingTheVideoAgain) {
   EXPECT_EQ(third.reembedded, 0);
   EXPECT_EQ(third.already_done, 2);
   EXPECT_TRUE(LatentCache(r.dir / "cache").verify_all().empty());
+  EXPECT_EQ(r.vidit_prepare("--verify", &out), 0) << out;
+  EXPECT_NE(out.find("0 failed their checksum, 0 stale"), std::string::npos) << out;
 }
 
 TEST(CacheFollowsCaptions, EveryClipCutFromAReCaptionedVideoIsReEmbedded) {

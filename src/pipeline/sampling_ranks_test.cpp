@@ -31,6 +31,18 @@ Config sampling_config(const std::vector<std::string>& sets) {
   return cfg;
 }
 
+// The request every sampling test here makes: 5 frames, "a red flower opens", seed 5.
+VideoRequest flower_request(int64_t width = 48) {
+  VideoRequest req;
+  req.prompt = "a red flower opens", req.frames = 5, req.width = width, req.height = 32, req.seed = 5;
+  return req;
+}
+
+// max |a - b| over max |b|.
+double max_relative(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
 TEST(SamplingLayout, TheRanksSplitGuidanceThenTokens) {
   Config cfg = sampling_config({});
   cfg.model.heads = 4;
@@ -100,11 +112,10 @@ TEST(SampleDtype, Bf16ProjectionsSampleNearFp32) {
   const std::string root = pipeline_test::make_release(dir, ref);
   WanWeights w;
   w.fill_from(root);
-  VideoRequest req;
-  req.prompt = "a red flower opens", req.frames = 5, req.width = 48, req.height = 32, req.seed = 5;
+  const VideoRequest req = flower_request();
   const VideoResult fp32 = generate_video(sampling_config({}), w, req, at::kCPU, {}, false);
   const VideoResult bf16 = generate_video(sampling_config({"sample.dtype=\"bf16\""}), w, req, at::kCPU, {}, false);
-  const double err = (bf16.latents - fp32.latents).abs().max().item<double>() / fp32.latents.abs().max().item<double>();
+  const double err = max_relative(bf16.latents, fp32.latents);
   std::printf("bf16 latents within %.2e of fp32\n", err);
   EXPECT_GT(err, 0.0) << "bf16 changed nothing: the projections were not held in bf16";
   EXPECT_LE(err, 5e-2);
@@ -119,13 +130,12 @@ TEST(SampleGpu, Fp32AndBf16WeightsNearTheCpu) {
   const std::string root = pipeline_test::make_release(dir, ref);
   WanWeights w;
   w.fill_from(root);
-  VideoRequest req;
-  req.prompt = "a red flower opens", req.frames = 5, req.width = 48, req.height = 32, req.seed = 5;
+  const VideoRequest req = flower_request();
   const VideoResult cpu = generate_video(sampling_config({}), w, req, at::kCPU, {}, false);
   for (const char* dtype : {"fp32", "bf16"}) {
     const VideoResult gpu =
         generate_video(sampling_config({std::string("sample.dtype=\"") + dtype + "\""}), w, req, at::Device(at::kCUDA, 0), {}, false);
-    const double err = (gpu.latents - cpu.latents).abs().max().item<double>() / cpu.latents.abs().max().item<double>();
+    const double err = max_relative(gpu.latents, cpu.latents);
     std::printf("GPU_PARITY sample_%s %.3e\n", dtype, err);
     EXPECT_LE(err, 5e-2) << dtype;
     EXPECT_EQ(gpu.frames.sizes(), cpu.frames.sizes());
@@ -141,21 +151,21 @@ TEST(MpiWorker, SamplingOnRanksEqualsOneProcess) {
   Config cfg = sampling_config(test::sets_from_env("VIDIT_SAMPLE_SETS", {}));
   WanWeights w;
   w.fill_from(root);
-  VideoRequest req;
-  req.prompt = "a red flower opens", req.frames = 5, req.seed = 5;
-  req.width = std::getenv("VIDIT_SAMPLE_WIDTH") ? std::atoi(std::getenv("VIDIT_SAMPLE_WIDTH")) : 48;
-  req.height = 32;
+  const VideoRequest req = flower_request(std::getenv("VIDIT_SAMPLE_WIDTH") ? std::atoi(std::getenv("VIDIT_SAMPLE_WIDTH")) : 48);
   const SamplingRanks ranks = make_sampling_ranks(cfg, latent_shape(req, cfg.model), make_world_comm(detect_launch_env()));
   if (ranks.lead()) std::printf("layout: %s\n", ranks.describe().c_str());
   const VideoResult job = generate_video(cfg, w, req, at::kCPU, {}, false, &ranks);
   const VideoResult one = generate_video(cfg, w, req, at::kCPU, {}, false);
-  const double err = (job.latents - one.latents).abs().max().item<double>() / one.latents.abs().max().item<double>();
+  const double err = max_relative(job.latents, one.latents);
   EXPECT_LE(err, 1e-5) << "rank " << ranks.rank();
   std::printf("rank %d: latents within %.2e of one process\n", ranks.rank(), err);
   if (ranks.lead()) {
     ASSERT_TRUE(job.frames.defined());
+    // The same frames: equal here; on another CPU a latent a rounding away from a level's edge
+    // may land one 8-bit level over (the reduction order of the split work differs).
     const int64_t differ = job.frames.ne(one.frames).sum().item<int64_t>();
-    EXPECT_EQ(differ, 0) << "of " << one.frames.numel() << " frame values";
+    EXPECT_LE(differ, one.frames.numel() / 1000) << "of " << one.frames.numel() << " frame values";
+    EXPECT_LE((job.frames.to(at::kInt) - one.frames.to(at::kInt)).abs().max().item<int>(), 1);
   } else if (req.width <= 512) {
     EXPECT_FALSE(job.frames.defined()) << "an untiled decode is rank 0's";
   }

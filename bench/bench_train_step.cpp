@@ -1,13 +1,23 @@
 // Times training steps (forward, backward, clip, AdamW, EMA) of a config on synthetic latents
 // and prints step time, tokens/s and achieved GFLOP/s (FLOPs from model_info.h).
 //   bench_train_step [--config F] [--set k=v ...] [--steps N] [--warmup N] [--device cpu|cuda]
-//                    [--dump DIR]   (weights + one forward's inputs/outputs for torch_reference.py)
+//                    [--dump DIR [--dump-steps N]]  (for bench/torch_reference.py and
+//                                   tests/reference/gradient_reference.py: every weight perturbed
+//                                   by 0.05 x N(0, 1) so no zero-initialised tensor stops a
+//                                   gradient, then DIR/weights.safetensors (official names),
+//                                   DIR/transformer/ (diffusers' layout), one forward's inputs and
+//                                   output (one process), and for each of the first N steps
+//                                   DIR/step_<n>.safetensors: the global batch of every micro-
+//                                   batch (micro<m>/x_t, timestep, text, target, loss), the step's
+//                                   loss and every parameter's whole gradient before clipping
+//                                   (grad/<diffusers name>))
 //                    [--system-malloc] (skip keep_freed_memory(), for the A/B in BENCHMARKS.md)
 //                    [--profile FILE] (chrome trace of the timed steps; bench/profile_summary.py
 //                                      totals it by op)
 // Under mpirun or torchrun it trains on the mesh of the config's [parallel] section and also
 // reports the median time rank 0 was blocked in collectives per step (parallel/timed_comm.h): the
 // communication compute did not hide (bench/bench_overlap.sh compares FSDP prefetch on / off).
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
@@ -33,6 +43,8 @@
 #include "parallel/mesh.h"
 #include "model/model_info.h"
 #include "model/state_dict.h"
+#include "model/weight_layout.h"
+#include "train/step_tap.h"
 #include "train/trainer.h"
 
 using namespace vidit;
@@ -44,17 +56,82 @@ static double peak_rss_mb() {
   return double(u.ru_maxrss) / 1024.0;
 }
 
+// Writes the first `steps` steps' global batches, losses and whole gradients (see the header).
+// Every rank makes the same gathers; rank 0 writes.
+class DumpTap : public StepTap {
+ public:
+  DumpTap(std::string dir, int64_t steps, const Mesh& mesh) : dir_(std::move(dir)), steps_(steps), mesh_(mesh) {}
+  void micro_batch(int64_t step, int64_t micro, const at::Tensor& x_t, const at::Tensor& timestep,
+                   const at::Tensor& text, const at::Tensor& target, const at::Tensor& loss) override {
+    if (step > steps_) return;
+    const std::string m = "micro" + std::to_string(micro) + "/";
+    out_[m + "x_t"] = rows(x_t), out_[m + "timestep"] = rows(timestep), out_[m + "text"] = rows(text);
+    out_[m + "target"] = rows(target);
+    at::Tensor l = loss.detach().to(at::kDouble).cpu().reshape({1}).contiguous();
+    const auto& dp = mesh_.group("dp");
+    at::Tensor all = at::empty({dp->size()}, l.options());
+    dp->all_gather(l, all)->wait();
+    out_[m + "loss"] = all.mean().to(at::kFloat);  // the ranks' rows are equal in number here
+  }
+  void before_clip(int64_t step, double loss, const ParallelModel& model) override {
+    if (step > steps_) return;
+    TensorMap grads;
+    for (const auto& [name, p] : model.params())
+      if (p.grad().defined()) grads[name] = p.grad();
+    TensorMap whole = model.whole(grads);
+    if (mesh_.rank() == 0) {
+      for (auto& [name, g] : whole) out_["grad/" + diffusers_name(name)] = g.to(at::kFloat).cpu().contiguous();
+      out_["loss"] = at::tensor({float(loss)});
+      char name[64];
+      std::snprintf(name, sizeof name, "/step_%06lld.safetensors", (long long)step);
+      save_safetensors(dir_ + name, out_);
+    }
+    out_.clear();
+  }
+
+ private:
+  // This micro-batch's rows of every data-parallel rank, in rank order (equal row counts).
+  at::Tensor rows(const at::Tensor& t) const {
+    const at::Tensor in = t.detach().to(at::kFloat).contiguous();
+    const auto& dp = mesh_.group("dp");
+    std::vector<int64_t> shape = in.sizes().vec();
+    shape[0] *= dp->size();
+    at::Tensor out = at::empty(shape, in.options());
+    dp->all_gather(in, out)->wait();
+    return out.cpu().contiguous();
+  }
+  std::string dir_;
+  int64_t steps_;
+  const Mesh& mesh_;
+  TensorMap out_;
+};
+
+// Adds 0.05 x N(0, 1) to every weight, drawn whole (the same values at any mesh) and copied into
+// this rank's part (not collective).
+static void perturb_weights(Trainer& trainer, uint64_t seed) {
+  at::NoGradGuard ng;
+  const ParallelModel& pm = trainer.parallel_model();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (const auto& [name, shape] : pm.whole_shapes()) {
+    at::Tensor p = pm.params().at(name);
+    at::Tensor noise = 0.05 * at::randn(shape.sizes(), gen, at::kFloat);
+    p.add_(pm.local(name, noise).to(p.device(), p.scalar_type()));
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"time vidit training steps"};
   std::string config, device = "cpu", dump, profile;
   std::vector<std::string> sets;
-  int steps = 20, warmup = 3;
+  int steps = 20, warmup = 3, dump_steps = 1;
   app.add_option("-c,--config", config);
   app.add_option("--set", sets);
   app.add_option("--steps", steps);
   app.add_option("--warmup", warmup);
   app.add_option("--device", device);
-  app.add_option("--dump", dump, "write weights and one forward pass for the PyTorch reference");
+  app.add_option("--dump", dump, "write weights, one forward pass and the first steps for the PyTorch references");
+  app.add_option("--dump-steps", dump_steps, "steps whose batches, losses and gradients --dump writes")
+      ->check(CLI::PositiveNumber);
   app.add_option("--profile", profile, "write a chrome trace of the timed steps to this file");
   bool system_malloc = false;
   app.add_flag("--system-malloc", system_malloc, "leave glibc's malloc settings as they are");
@@ -84,30 +161,37 @@ int main(int argc, char** argv) {
 
     if (!dump.empty()) {
       std::filesystem::create_directories(dump);
-      {
-        // The head starts at zero (Wan's init); give it weights so the compared output is not flat.
-        at::NoGradGuard ng;
-        at::manual_seed(cfg.train.seed + 99);
-        trainer.model()->head->head->weight.normal_(0.0, 0.05);
+      perturb_weights(trainer, cfg.train.seed + 99);
+      const TensorMap weights = trainer.weights();  // collective
+      if (lead) {
+        save_safetensors(dump + "/weights.safetensors", weights);
+        write_diffusers_transformer(weights, cfg.model, dump + "/transformer");
       }
-      save_safetensors(dump + "/weights.safetensors", state_dict(*trainer.model()));
-      auto [x, text] = data->batch({0, 1});
-      at::Tensor t = at::tensor({250.0f, 800.0f});
-      at::Tensor out;
-      {
-        at::NoGradGuard ng;
-        out = trainer.model()->forward(x.to(dev), t.to(dev), text.to(dev)).cpu();
+      if (env.world == 1) {
+        auto [x, text] = data->batch({0, 1});
+        at::Tensor t = at::tensor({250.0f, 800.0f});
+        at::Tensor out;
+        {
+          at::NoGradGuard ng;
+          out = trainer.model()->forward(x.to(dev), t.to(dev), text.to(dev)).cpu();
+        }
+        save_safetensors(dump + "/forward.safetensors", {{"x", x}, {"t", t}, {"text", text}, {"out", out}});
       }
-      save_safetensors(dump + "/forward.safetensors", {{"x", x}, {"t", t}, {"text", text}, {"out", out}});
-      std::ofstream(dump + "/config.json") << nlohmann::json{
-          {"dim", cfg.model.dim}, {"ffn_dim", cfg.model.ffn_dim}, {"heads", cfg.model.heads},
-          {"layers", cfg.model.layers}, {"in_channels", cfg.model.in_channels},
-          {"out_channels", cfg.model.out_channels}, {"patch", cfg.model.patch},
-          {"text_dim", cfg.model.text_dim}, {"text_len", cfg.model.text_len},
-          {"freq_dim", cfg.model.freq_dim}, {"eps", cfg.model.eps}, {"rope_theta", cfg.model.rope_theta},
-          {"batch_size", cfg.train.batch_size}, {"latent", {cfg.data.latent_frames, cfg.data.latent_height,
-                                                           cfg.data.latent_width}},
-          {"lr", cfg.train.lr}, {"threads", at::get_num_threads()}}.dump(2);
+      trainer.set_step_tap(std::make_shared<DumpTap>(dump, dump_steps, trainer.mesh()));
+      if (lead)
+        std::ofstream(dump + "/config.json") << nlohmann::json{
+            {"dim", cfg.model.dim}, {"ffn_dim", cfg.model.ffn_dim}, {"heads", cfg.model.heads},
+            {"layers", cfg.model.layers}, {"in_channels", cfg.model.in_channels},
+            {"out_channels", cfg.model.out_channels}, {"patch", cfg.model.patch},
+            {"text_dim", cfg.model.text_dim}, {"text_len", cfg.model.text_len},
+            {"freq_dim", cfg.model.freq_dim}, {"eps", cfg.model.eps}, {"rope_theta", cfg.model.rope_theta},
+            {"batch_size", cfg.train.batch_size}, {"latent", {cfg.data.latent_frames, cfg.data.latent_height,
+                                                             cfg.data.latent_width}},
+            {"lr", cfg.train.lr}, {"threads", at::get_num_threads()}, {"world", env.world},
+            {"dumped_steps", dump_steps}, {"grad_accum", cfg.train.grad_accum},
+            {"warmup_steps", cfg.train.warmup_steps}, {"schedule", cfg.train.schedule == Schedule::constant ? "constant" : "cosine"},
+            {"weight_decay", cfg.train.weight_decay}, {"beta1", cfg.train.beta1}, {"beta2", cfg.train.beta2},
+            {"adam_eps", cfg.train.adam_eps}, {"grad_clip", cfg.train.grad_clip}}.dump(2);
     }
 
     std::vector<double> times, waits;

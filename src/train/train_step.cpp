@@ -102,6 +102,7 @@ StepResult Trainer::step() {
     }
     at::Tensor loss = flow_loss(pred, fs.target);
     const at::Tensor sample_mean = loss.detach();  // the batch's mean loss, read after backward
+    if (tap_) tap_->micro_batch(step_ + 1, micro, fs.x_t, fs.timestep, dev(text), fs.target, sample_mean);
     if (tc.spike_action != SpikeAction::off) {
       const std::vector<double> own = sample_losses(pred, fs.target, B);
       const at::Tensor sig = sigma.to(at::kDouble).cpu().contiguous();
@@ -143,6 +144,7 @@ StepResult Trainer::step() {
   samples = int64_t(totals[1].item<double>()), tokens = int64_t(totals[2].item<double>());
   flops = totals[3].item<double>();
 
+  if (tap_) tap_->before_clip(step_ + 1, loss_sum, *pm_);
   trace::Span opt_span("clip + optimizer", "step");
   const double grad_norm = pm_->clip_grad_norm(tc.grad_clip);
   // A non-finite gradient (an overflow, a bad sample) would make every weight NaN: the update is

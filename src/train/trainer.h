@@ -40,6 +40,7 @@
 #include "train/checkpoint_writer.h"
 #include "train/ema.h"
 #include "train/metrics.h"
+#include "train/step_tap.h"
 #include "train/tensorboard.h"
 
 namespace vidit {
@@ -138,6 +139,8 @@ class Trainer {
   // passes are collective over the mesh; the gathered weights are released after.
   void with_sampling_weights(const std::function<void(DiT&)>& fn);
   const Config& config() const { return cfg_; }
+  // A view into every following step (train/step_tap.h); null: none.
+  void set_step_tap(std::shared_ptr<StepTap> tap) { tap_ = std::move(tap); }
   // Bytes of the host buffers reserved for checkpoint snapshots (train.ckpt_snapshots sets of this
   // rank's part of the state; 0 on a rank that writes no part).
   int64_t snapshot_bytes() const { return snapshot_bytes_; }
@@ -197,6 +200,7 @@ class Trainer {
   bool console_ = true;
   // Saves: the writer, the host buffers of the snapshots (kept between saves), a synchronous
   // save's report, failures in a row, and when the last save began.
+  std::shared_ptr<StepTap> tap_;
   CheckpointWriter writer_;
   struct Snapshots {
     TensorMap model, ema, optimizer;

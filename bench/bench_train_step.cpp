@@ -165,7 +165,11 @@ int main(int argc, char** argv) {
       const TensorMap weights = trainer.weights();  // collective
       if (lead) {
         save_safetensors(dump + "/weights.safetensors", weights);
-        write_diffusers_transformer(weights, cfg.model, dump + "/transformer");
+        try {  // (not every config has a diffusers equivalent, e.g. the demo's rope_theta)
+          write_diffusers_transformer(weights, cfg.model, dump + "/transformer");
+        } catch (const Error& e) {
+          std::printf("no %s/transformer: %s\n", dump.c_str(), e.what());
+        }
       }
       if (env.world == 1) {
         auto [x, text] = data->batch({0, 1});

@@ -62,6 +62,9 @@ def run_bench(args, out):
                "-x", "OMP_NUM_THREADS=1"] + cmd
     print("running:", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("no "):
+            print("  [c++]", line)
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-4000:] + p.stderr[-4000:])
         die(f"bench_train_step exited with status {p.returncode}")
@@ -121,6 +124,8 @@ def main():
     cfg = json.loads((out / "config.json").read_text())
     accum = int(cfg["grad_accum"])
 
+    if not (out / "transformer" / "config.json").exists():
+        die(f"the dump has no diffusers folder {out}/transformer: see bench_train_step's output above")
     model, info = WanTransformer3DModel.from_pretrained(str(out / "transformer"), output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     if bad:

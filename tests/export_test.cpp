@@ -13,7 +13,7 @@
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
-#include "parallel/mpi_test_util.h"
+#include "mpi_test_util.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 

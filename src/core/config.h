@@ -144,7 +144,7 @@ using StrList = std::vector<std::string>;
   KEY(double, scene_threshold, 0.5, fraction,                                                          \
       "a cut is where consecutive frames' luma histograms differ by more than this (total variation distance, 0..1)")
 
-// Bucket shapes (src/prepare/buckets.h): resolution tiers x aspect ratios x frame counts, in
+// Bucket shapes (src/video/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
 // 6 frames, demo codec); configs/wan2.1-*.toml show buckets for real data.
 #define VIDIT_BUCKET_KEYS(KEY)                                                                         \

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "video/video_decoder.h"
 
 namespace vidit {

@@ -11,7 +11,7 @@
 #include "../../tests/test_util.h"
 #include "diagnose/crashes.h"
 #include "diagnose/events.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "resilience/run_lock.h"
 
 namespace vidit {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "resilience/run_lock.h"
 
 namespace vidit {

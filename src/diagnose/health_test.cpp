@@ -15,7 +15,7 @@
 
 #include "../../tests/test_util.h"
 #include "diagnose/health.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "resilience/run_lock.h"
 
 namespace vidit {

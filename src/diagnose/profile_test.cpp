@@ -13,7 +13,7 @@
 
 #include "../../tests/test_util.h"
 #include "loader/dataset.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/trainer.h"
 
 namespace vidit {

@@ -8,7 +8,7 @@
 #include "../../tests/test_util.h"
 #include "diagnose/events.h"
 #include "diagnose/replica_check.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/checkpoint.h"
 
 namespace vidit {

@@ -10,7 +10,7 @@
 #include "../../tests/test_util.h"
 #include "diagnose/events.h"
 #include "diagnose/spike_detector.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 
 namespace vidit {
 namespace {

@@ -8,7 +8,7 @@
 #include "../../tests/test_util.h"
 #include "diagnose/events.h"
 #include "diagnose/stragglers.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "resilience/run_lock.h"
 
 namespace vidit {

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "loader/dataset.h"
 #include "model/state_dict.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "parallel/plan.h"
 #include "train/checkpoint.h"
 #include "train/run_weights.h"

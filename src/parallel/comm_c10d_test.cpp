@@ -9,7 +9,7 @@
 #include <torch/cuda.h>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 
 namespace vidit {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "parallel/launch_env.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 
 namespace vidit {
 namespace {

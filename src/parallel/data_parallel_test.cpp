@@ -14,7 +14,7 @@
 #include "../../tests/test_util.h"
 #include "core/error.h"
 #include "video/video_decoder.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/trainer.h"
 
 #ifndef VIDIT_PYTHON

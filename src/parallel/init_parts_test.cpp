@@ -10,7 +10,7 @@
 #include "core/unallocated.h"
 #include "model/state_dict.h"
 #include "parallel/counting_comm.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "parallel/parallelize.h"
 #include "parallel/plan.h"
 

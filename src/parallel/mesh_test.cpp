@@ -6,7 +6,7 @@
 
 #include "../../tests/test_util.h"
 #include "core/error.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 
 namespace vidit {
 namespace {

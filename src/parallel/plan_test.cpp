@@ -6,7 +6,7 @@
 
 #include "../../tests/test_util.h"
 #include "parallel/counting_comm.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/trainer.h"
 
 namespace vidit {

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "parallel/ring_attention.h"
 #include "model/state_dict.h"
 #include "train/trainer.h"

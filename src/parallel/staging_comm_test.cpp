@@ -18,7 +18,7 @@
 #include "train/checkpoint.h"
 #include "parallel/data_parallel.h"
 #include "parallel/fsdp.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/trainer.h"
 
 namespace vidit {

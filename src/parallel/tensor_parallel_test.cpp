@@ -14,7 +14,7 @@
 #include <cstdlib>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "parallel/plan.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"

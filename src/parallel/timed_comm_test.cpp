@@ -14,7 +14,7 @@
 
 #include "../../tests/test_util.h"
 #include "core/trace.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/trainer.h"
 
 namespace vidit {

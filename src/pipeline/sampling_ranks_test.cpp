@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "model/weight_layout.h"
 #include "parallel/launch_env.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "pipeline/pipeline_test_util.h"
 #include "pipeline/wan_pipeline.h"
 #include "text/text_test_util.h"

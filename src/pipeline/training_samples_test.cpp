@@ -18,7 +18,7 @@
 #include "loader/latent_cache.h"
 #include "model/dit.h"
 #include "model/state_dict.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include <ATen/CPUGeneratorImpl.h>
 #include "parallel/launch_env.h"
 #include "parallel/parallelize.h"

@@ -14,7 +14,7 @@
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "text/text_test_util.h"
 #include "../../tests/test_util.h"
 #include "pipeline/pipeline_test_util.h"

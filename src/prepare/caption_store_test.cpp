@@ -13,7 +13,7 @@
 #include <fstream>
 
 #include "loader/latent_cache.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "text/text_encoder.h"
 #include "text/text_test_util.h"
 #include "video/video_test_util.h"

@@ -14,7 +14,7 @@
 #include "loader/latent_cache.h"
 #include "prepare/frame_encoder.h"
 #include "prepare/prepare.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "video/video_test_util.h"
 
 namespace vidit {

@@ -15,7 +15,7 @@
 #include "loader/cache_loader.h"
 #include "loader/latent_cache.h"
 #include "video/video_test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/checkpoint.h"
 
 namespace vidit {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/checkpoint.h"
 
 namespace vidit {

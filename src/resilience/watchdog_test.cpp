@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../tests/test_util.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "resilience/run_lock.h"
 #include "resilience/watchdog.h"
 

@@ -9,7 +9,7 @@
 
 #include "../../tests/test_util.h"
 #include "loader/batch_source.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "model/state_dict.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"

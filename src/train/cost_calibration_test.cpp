@@ -17,7 +17,7 @@
 #include "model/dit.h"
 #include "parallel/comm.h"
 #include "parallel/launch_env.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/cost_calibration.h"
 
 namespace vidit {

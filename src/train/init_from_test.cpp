@@ -16,7 +16,7 @@
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "parallel/mesh.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "train/run_weights.h"
 #include "train/trainer.h"
 

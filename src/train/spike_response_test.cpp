@@ -18,7 +18,7 @@
 
 #include "../../tests/test_util.h"
 #include "diagnose/events.h"
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 
 namespace vidit {
 namespace {

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <map>
 
-#include "parallel/mpi_test_util.h"
+#include "../../tests/mpi_test_util.h"
 #include "../../tests/test_util.h"
 
 namespace vidit {

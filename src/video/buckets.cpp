@@ -1,4 +1,4 @@
-#include "prepare/buckets.h"
+#include "video/buckets.h"
 
 #include <algorithm>
 #include <cmath>

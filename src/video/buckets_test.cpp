@@ -1,5 +1,5 @@
 // Bucket construction, assignment and the resize + centre crop.
-#include "prepare/buckets.h"
+#include "video/buckets.h"
 
 #include <gtest/gtest.h>
 

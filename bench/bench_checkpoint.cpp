@@ -1,5 +1,5 @@
 // Checkpoint saves, side by side in one run, on one model: how long a save pauses training,
-// synchronous (train.ckpt_async=false: the step waits for the write, verification and commit)
+// synchronous (checkpoint.async=false: the step waits for the write, verification and commit)
 // against asynchronous (the step waits for the host snapshot only), as a ratio of the step time;
 // and the background writer's throughput as a ratio of this disk's sequential write speed,
 // measured in the same run by writing 1 GiB to one file in 8 MiB chunks with an fsync right
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   for (Mode& m : modes) {
     std::vector<std::string> s = all;
     s.push_back("train.out_dir=\"" + dir + "/" + m.name + "\"");
-    s.push_back(std::string("train.ckpt_async=") + (m.async ? "true" : "false"));
+    s.push_back(std::string("checkpoint.async=") + (m.async ? "true" : "false"));
     Config cfg = parse_config("", "<bench>", s);
     params = double(model_info(cfg).params);
     Trainer t(cfg, std::make_shared<SyntheticDataset>(cfg, 64, 1), at::zeros({cfg.model.text_len, cfg.model.text_dim}));

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!system_malloc) keep_freed_memory();  // as `vidit train` does
   try {
-    sets.insert(sets.begin(), {"data.source=synthetic", "train.ckpt_every=0", "train.log_every=1000",
+    sets.insert(sets.begin(), {"data.source=synthetic", "checkpoint.every=0", "train.log_every=1000",
                                "train.tensorboard=false"});
     sets.push_back("train.out_dir=\"" + out + "\"");
     Config cfg = load_config(config, sets);
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     if (world->rank() == 0) {
       std::printf("bench_memory: %d ranks, %lld parameters, mesh shard %lld tensor %lld replicate %lld, %lld snapshot sets\n",
                   world->size(), (long long)plan.params, (long long)cfg.parallel.shard, (long long)cfg.parallel.tensor,
-                  (long long)cfg.parallel.replicate, (long long)cfg.train.ckpt_snapshots);
+                  (long long)cfg.parallel.replicate, (long long)cfg.checkpoint.snapshots);
       std::printf("%-5s %-13s %12s %12s %8s\n", "rank", "phase", "measured", "planned", "ratio");
       all = all.view({world->size(), int64_t(rows.size()), 2});
       for (int r = 0; r < world->size(); ++r)

@@ -17,7 +17,7 @@ BENCH=$BUILD/bench_memory
 [[ -x "$BENCH" ]] || { echo "bench_memory.sh: $BENCH not built (cmake --build $BUILD --target bench_memory)"; exit 1; }
 SETS=(model.dim=1024 model.ffn_dim=4096 model.heads=16 model.layers=16 model.patch=[1,2,2]
       data.latent_frames=2 data.latent_height=8 data.latent_width=8 train.batch_size=8 train.threads=1
-      train.keep_checkpoints=1 "train.ckpt_snapshots=${SNAPSHOTS:-1}")
+      checkpoint.keep=1 "checkpoint.snapshots=${SNAPSHOTS:-1}")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 for n in "${RANKS[@]}"; do

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     std::vector<std::string> sets = c.sets;
     for (const char* s : {"data.source=\"synthetic\"", "model.text_dim=64", "model.text_len=8", "train.log_every=1000",
-                          "train.steps=1000", "train.ckpt_every=0", "train.ckpt_snapshots=0"})
+                          "train.steps=1000", "checkpoint.every=0", "checkpoint.snapshots=0"})
       sets.push_back(s);
     sets.push_back("train.threads=" + std::to_string(threads));
     sets.push_back(std::string("train.device=\"") + device + "\"");

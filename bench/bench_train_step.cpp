@@ -138,10 +138,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!system_malloc) keep_freed_memory();
   try {
-    // No saves, so no snapshot buffers (train.ckpt_snapshots): at Wan 14B's width they would be
+    // No saves, so no snapshot buffers (checkpoint.snapshots): at Wan 14B's width they would be
     // tens of GB of pinned host memory taken for nothing.
     sets.insert(sets.begin(), {"data.source=synthetic", "train.out_dir=\"/tmp/vidit_bench\"",
-                               "train.ckpt_every=0", "train.ema_decay=0", "train.ckpt_snapshots=0"});
+                               "checkpoint.every=0", "train.ema_decay=0", "checkpoint.snapshots=0"});
     Config cfg = load_config(config, sets);
     cfg.train.steps = warmup + steps;
     const LaunchEnv env = detect_launch_env();

@@ -15,7 +15,7 @@
 #include "model/weight_layout.h"
 #include "mpi_test_util.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 namespace {

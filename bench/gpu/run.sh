@@ -240,7 +240,7 @@ wan_train() {
   local name=$1; shift
   rm -rf "$BUILD/gpu_${name}_run"
   timeout "$(cap 90)" "$BUILD/vidit" train --fresh --config configs/wan2.1-1.3b.toml --set data.source=synthetic \
-    --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set train.ckpt_every=0 \
+    --set data.latent_height=30 --set data.latent_width=52 --set train.steps=4 --set checkpoint.every=0 \
     "$@" --set train.out_dir="$BUILD/gpu_${name}_run" >"$LOGS/$name.log" 2>&1
 }
 

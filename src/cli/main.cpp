@@ -58,7 +58,7 @@
 #include "model/model_info.h"
 #include "model/state_dict.h"
 #include "model/lora.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/cost_calibration.h"
 #include "train/run_weights.h"
 #include "train/trainer.h"

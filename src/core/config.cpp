@@ -5,6 +5,7 @@
 
 #include <toml++/toml.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -81,6 +82,7 @@ void visit(C& c, F&& f) {
   { const char* section = "buckets"; auto& s = c.buckets; VIDIT_BUCKET_KEYS(VIDIT_VISIT) }
   { const char* section = "diffusion"; auto& s = c.diffusion; VIDIT_DIFFUSION_KEYS(VIDIT_VISIT) }
   { const char* section = "train"; auto& s = c.train; VIDIT_TRAIN_KEYS(VIDIT_VISIT) }
+  { const char* section = "checkpoint"; auto& s = c.checkpoint; VIDIT_CHECKPOINT_KEYS(VIDIT_VISIT) }
   { const char* section = "sample"; auto& s = c.sample; VIDIT_SAMPLE_KEYS(VIDIT_VISIT) }
   { const char* section = "text"; auto& s = c.text; VIDIT_TEXT_KEYS(VIDIT_VISIT) }
   { const char* section = "lora"; auto& s = c.lora; VIDIT_LORA_KEYS(VIDIT_VISIT) }
@@ -251,6 +253,30 @@ void apply_override(toml::table& root, const std::string& item) {
   }
 }
 
+// Keys that moved: [train] ckpt_* and keep_* are [checkpoint]'s now. An old name is read as the
+// new one, with a warning naming it; both at once is an error.
+void move_renamed_keys(toml::table& root, const std::string& source) {
+  static const std::pair<const char*, const char*> moved[] = {
+      {"ckpt_every", "every"},         {"ckpt_every_minutes", "every_minutes"}, {"ckpt_async", "async"},
+      {"ckpt_snapshots", "snapshots"}, {"ckpt_timeout_s", "timeout_s"},         {"ckpt_failures_max", "failures_max"},
+      {"keep_checkpoints", "keep"},    {"keep_every", "keep_every"}};
+  toml::table* train = root["train"].as_table();
+  if (!train) return;
+  for (const auto& [old_name, new_name] : moved) {
+    toml::node* value = train->get(old_name);
+    if (!value) continue;
+    if (!root.contains("checkpoint")) root.insert("checkpoint", toml::table{});
+    toml::table* ckpt = root["checkpoint"].as_table();
+    VIDIT_CHECK(ckpt, source, ": 'checkpoint' must be a table ([checkpoint])");
+    VIDIT_CHECK(!ckpt->contains(new_name), source, ": train.", old_name, " and checkpoint.", new_name,
+                " are both set; train.", old_name, " is the old name of checkpoint.", new_name, ": keep only that");
+    value->visit([&](const auto& v) { ckpt->insert(new_name, v); });
+    train->erase(old_name);
+    std::fprintf(stderr, "%s: train.%s is now checkpoint.%s ([checkpoint] section); read as that, rename it\n",
+                 source.c_str(), old_name, new_name);
+  }
+}
+
 }  // namespace
 
 int64_t head_dim(const ModelConfig& m) { return m.heads > 0 ? m.dim / m.heads : 0; }
@@ -268,6 +294,7 @@ Config parse_config(const std::string& text, const std::string& source, const st
     fail(source, ":", e.source().begin.line, ":", e.source().begin.column, ": ", e.description());
   }
   for (const auto& o : overrides) apply_override(root, o);
+  move_renamed_keys(root, source);
   const auto& known = sections();
   for (auto&& [k, v] : root) {
     const std::string section(k.str());
@@ -318,7 +345,7 @@ void validate_config(const Config& c) {
       fail(f, ": '", section, ".", name, "' must be ", must, got.str(), "; ", section, ".", name, ": ", doc);
     }
   });
-  VIDIT_CHECK(c.train.ckpt_snapshots <= 2, f, ": train.ckpt_snapshots must be 0, 1 or 2 (got ", c.train.ckpt_snapshots,
+  VIDIT_CHECK(c.checkpoint.snapshots <= 2, f, ": checkpoint.snapshots must be 0, 1 or 2 (got ", c.checkpoint.snapshots,
               "): a save snapshots into one set while at most one earlier save is written from the other");
   const auto& m = c.model;
   VIDIT_CHECK(m.dim % m.heads == 0, f, ": model.dim (", m.dim, ") must be divisible by model.heads (", m.heads,

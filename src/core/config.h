@@ -144,7 +144,7 @@ using StrList = std::vector<std::string>;
   KEY(double, scene_threshold, 0.5, fraction,                                                          \
       "a cut is where consecutive frames' luma histograms differ by more than this (total variation distance, 0..1)")
 
-// Bucket shapes (src/video/buckets.h): resolution tiers x aspect ratios x frame counts, in
+// Bucket shapes (src/loader/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
 // 6 frames, demo codec); configs/wan2.1-*.toml show buckets for real data.
 #define VIDIT_BUCKET_KEYS(KEY)                                                                         \
@@ -197,21 +197,9 @@ using StrList = std::vector<std::string>;
       "\"auto\" (CUDA when present), \"cpu\" or \"cuda\" (GPU = LOCAL_RANK)")                           \
   KEY(std::string, out_dir, "runs/demo", any, "checkpoints, metrics.jsonl, samples")                  \
   KEY(int64_t, log_every, 50, positive, "steps between log lines")                                     \
-  KEY(int64_t, ckpt_every, 0, non_negative, "steps between checkpoints; 0: only at the end")           \
-  KEY(double, ckpt_every_minutes, 0.0, non_negative,                                                   \
-      "also checkpoint when this many minutes passed since the last save (rank 0's clock); 0: off")    \
-  KEY(bool, ckpt_async, true, any,                                                                     \
-      "training pauses only to copy its state to host memory; a background thread writes it")          \
-  KEY(int64_t, ckpt_snapshots, 2, non_negative,                                                        \
-      "sets of host buffers for this rank's part of the state, allocated and touched when training "      \
-      "starts (pinned on a GPU): 2, a save may start while the previous one is written; 1, a save first "  \
-      "waits for the previous one; 0, none: each save is written from the live state before training "    \
-      "goes on (train.ckpt_async has no effect)")                                                          \
-  KEY(double, ckpt_timeout_s, 1800.0, positive, "a save whose parts are not all written by then fails") \
   KEY(double, host_memory_gb, 0.0, non_negative,                                                       \
       "host memory of a node the run may use, GB; 0: the node's MemTotal. A run whose memory plan "       \
       "(vidit plan: its ranks on the node x each one's peak phase) needs more is refused at start")     \
-  KEY(int64_t, ckpt_failures_max, 3, positive, "consecutive failed saves after which the run stops")   \
   KEY(SpikeAction, spike_action, SpikeAction::log, any,                                               \
       "a step whose loss (against a baseline per sigma bin) or gradient norm is train.spike_z spreads "    \
       "high: \"log\" (events.jsonl, forensics/step_N.json), \"skip\" (and no update), \"rollback\" "      \
@@ -254,8 +242,6 @@ using StrList = std::vector<std::string>;
       "in training, a rank with no progress for this many median step times ends itself sooner, naming the " \
       "ranks that did not arrive (at least train.stall_min_s; 0: only train.stall_timeout_s)")            \
   KEY(double, stall_min_s, 120.0, non_negative, "the shortest limit train.stall_steps may give")        \
-  KEY(int64_t, keep_checkpoints, 2, positive, "newest checkpoints kept on disk")                       \
-  KEY(int64_t, keep_every, 0, non_negative, "also keep every checkpoint whose step is a multiple of this; 0: none") \
   KEY(int64_t, threads, 0, non_negative, "intra-op threads; 0 = all cores")                            \
   KEY(double, peak_tflops, 0.0, non_negative, "per device, for MFU; 0 = from the GPU's name (core/peak_flops.h)") \
   KEY(int64_t, recompute_blocks, 0, block_count,                                                       \
@@ -276,6 +262,26 @@ using StrList = std::vector<std::string>;
       "communication, idle) in the log and profile/summary_rank<R>.json (diagnose/profile.h)")         \
   KEY(std::string, init_from, "", any,                                                                 \
       "weights to start from: a .safetensors file or a folder of shards (e.g. Wan 2.1); \"\" = random init")
+
+// [checkpoint]: when saves come, how they are written, how many are kept (checkpoint/checkpointer.h).
+// (Read from the train.ckpt_* / train.keep_* keys of older configs too, with a warning.)
+#define VIDIT_CHECKPOINT_KEYS(KEY)                                                                     \
+  KEY(int64_t, every, 0, non_negative, "steps between checkpoints; 0: only at the end")                \
+  KEY(double, every_minutes, 0.0, non_negative,                                                        \
+      "also checkpoint when this many minutes passed since the last save (rank 0's clock); 0: off")    \
+  KEY(bool, async, true, any,                                                                          \
+      "training pauses only to copy its state to host memory; a background thread writes it")          \
+  KEY(int64_t, snapshots, 2, non_negative,                                                             \
+      "sets of host buffers for this rank's part of the state, allocated and touched when training "      \
+      "starts (pinned on a GPU): 2, a save may start while the previous one is written; 1, a save first "  \
+      "waits for the previous one; 0, none: each save is written from the live state before training "    \
+      "goes on (checkpoint.async has no effect)")                                                          \
+  KEY(double, timeout_s, 1800.0, positive,                                                             \
+      "a rank's write of its part that has not ended by then (a storage that hangs) stops the run, "      \
+      "which then resumes from the newest good checkpoint")                                                \
+  KEY(int64_t, failures_max, 3, positive, "consecutive failed saves after which the run stops")        \
+  KEY(int64_t, keep, 2, positive, "newest checkpoints kept on disk")                                   \
+  KEY(int64_t, keep_every, 0, non_negative, "also keep every checkpoint whose step is a multiple of this; 0: none")
 
 #define VIDIT_SAMPLE_KEYS(KEY)                                                                         \
   KEY(Solver, solver, Solver::euler, any,                                                              \
@@ -391,6 +397,7 @@ struct DataConfig { VIDIT_DATA_KEYS(VIDIT_CONFIG_FIELD) };
 struct BucketConfig { VIDIT_BUCKET_KEYS(VIDIT_CONFIG_FIELD) };
 struct DiffusionConfig { VIDIT_DIFFUSION_KEYS(VIDIT_CONFIG_FIELD) };
 struct TrainConfig { VIDIT_TRAIN_KEYS(VIDIT_CONFIG_FIELD) };
+struct CheckpointConfig { VIDIT_CHECKPOINT_KEYS(VIDIT_CONFIG_FIELD) };
 struct SampleConfig { VIDIT_SAMPLE_KEYS(VIDIT_CONFIG_FIELD) };
 struct TextConfig { VIDIT_TEXT_KEYS(VIDIT_CONFIG_FIELD) };
 struct LoraConfig { VIDIT_LORA_KEYS(VIDIT_CONFIG_FIELD) };
@@ -405,6 +412,7 @@ struct Config {
   BucketConfig buckets;
   DiffusionConfig diffusion;
   TrainConfig train;
+  CheckpointConfig checkpoint;
   SampleConfig sample;
   TextConfig text;
   LoraConfig lora;

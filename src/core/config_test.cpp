@@ -63,6 +63,26 @@ TEST(Config, ImpossibleShapesRefused) {
   EXPECT_NE(e.find("data.cache_dtype"), std::string::npos) << e;
 }
 
+// [checkpoint]'s keys were train.ckpt_* / train.keep_*: a config with the old names still loads,
+// read as the new ones (a warning names each); both names at once is refused.
+TEST(Config, OldCheckpointKeysAreReadAsTheNewOnes) {
+  const Config c = parse_config("[train]\nckpt_every = 7\nkeep_checkpoints = 5\nckpt_async = false\n", "old.toml",
+                                {"train.ckpt_timeout_s=60", "train.keep_every=100"});
+  EXPECT_EQ(c.checkpoint.every, 7);
+  EXPECT_EQ(c.checkpoint.keep, 5);
+  EXPECT_FALSE(c.checkpoint.async);
+  EXPECT_DOUBLE_EQ(c.checkpoint.timeout_s, 60);
+  EXPECT_EQ(c.checkpoint.keep_every, 100);
+  EXPECT_EQ(config_to_toml(c).find("ckpt_"), std::string::npos) << "written back under the new names";
+  EXPECT_EQ(parse_config(config_to_toml(c), "again").checkpoint.every, 7);
+  try {
+    parse_config("[train]\nckpt_every = 7\n[checkpoint]\nevery = 3\n", "both.toml");
+    FAIL() << "both names accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.ckpt_every and checkpoint.every are both set"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, SetOverridesAndTypos) {
   Config c = parse_config("", "x", {"train.lr=3e-4", "train.precision=bf16", "model.patch=[1, 2, 2]"});
   EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);

@@ -3,6 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -107,6 +110,25 @@ class LocalStorage : public Storage {
     ::close(fd);
     return out;
   }
+  bool exists(const std::string& path) override {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+  }
+  std::vector<std::string> list(const std::string& dir) override {
+    std::vector<std::string> out;
+    std::error_code ec;
+    fs::directory_iterator it(dir, ec);
+    if (ec == std::errc::no_such_file_or_directory) return out;
+    VIDIT_CHECK(!ec, "cannot list the directory '", dir, "': ", ec.message());
+    for (const auto& e : it) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  uint64_t size(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) fail_system(errno, "'", path, "' cannot be read: ", std::strerror(errno));
+    return uint64_t(st.st_size);
+  }
 };
 
 }  // namespace
@@ -125,8 +147,11 @@ void Storage::write_atomic(const std::string& path, const std::function<void(Wri
       f->close();
     } catch (...) {
       f.reset();
-      std::error_code ec;
-      fs::remove(tmp, ec);
+      try {
+        remove_all(tmp);
+      } catch (const std::exception&) {
+        // (the write's own failure is the one to report)
+      }
       throw;
     }
   }

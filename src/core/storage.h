@@ -1,6 +1,6 @@
 // Storage: the few file-system operations a checkpoint save and load need (create and append to
-// a file, fsync it, rename, remove, make directories; map a file, read a small one), behind one
-// small interface, so that a wrapper
+// a file, fsync it, rename, remove, make directories; map a file, read a small one; whether a
+// path exists, a directory's names, a file's size), behind one small interface, so that a wrapper
 // can stand between the writer and the disk. ForwardingStorage passes every call on to another
 // Storage; a wrapper derives from it and changes only what it needs. The fault injection's
 // failing and slow storage is one (resilience/faulty_storage.h); a remote object store would be
@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/mapped_file.h"
 
@@ -40,6 +41,12 @@ class Storage {
   // file's bytes. Throw SystemError (ENOENT for a file that is not there).
   virtual std::unique_ptr<MappedFile> map(const std::string& path, const std::string& what) = 0;
   virtual std::string read(const std::string& path) = 0;
+  // What is there: whether `path` exists (a file or a directory); the names directly inside the
+  // directory `dir`, sorted (none when `dir` is not there); a file's size in bytes (SystemError,
+  // ENOENT when it is not there).
+  virtual bool exists(const std::string& path) = 0;
+  virtual std::vector<std::string> list(const std::string& dir) = 0;
+  virtual uint64_t size(const std::string& path) = 0;
 
   // Writes `bytes` to `path` durably and atomically: `path.tmp`, fsync, rename, fsync of the
   // directory. Either the old content or the new one is found after a crash.
@@ -64,6 +71,9 @@ class ForwardingStorage : public Storage {
     return base_.map(path, what);
   }
   std::string read(const std::string& path) override { return base_.read(path); }
+  bool exists(const std::string& path) override { return base_.exists(path); }
+  std::vector<std::string> list(const std::string& dir) override { return base_.list(dir); }
+  uint64_t size(const std::string& path) override { return base_.size(path); }
 
  protected:
   Storage& base() { return base_; }

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "video/buckets.h"
+#include "loader/buckets.h"
 #include "prepare/frame_encoder.h"
 #include "loader/latent_cache.h"
 #include "video/video_decoder.h"

@@ -25,7 +25,7 @@ TEST(Crashes, AHostThatLosesRanksInTwoAttemptsIsExcluded) {
   // killed. Slurm (KillWait) and torchrun give 30 s; this test's mpirun gives 5.
   ::setenv("OMPI_MCA_odls_base_sigkill_timeout", "5", 1);
   const std::string run = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
-                          " train.steps=10 train.ckpt_every=2 parallel.shard=2 ";
+                          " train.steps=10 checkpoint.every=2 parallel.shard=2 ";
   auto first = test::mpirun(2, run + "faults.kind=kill faults.step=3 faults.rank=1", 120);
   ASSERT_NE(first.status, 0) << first.output;
   auto second = test::mpirun(2, run + "faults.kind=kill faults.step=5 faults.rank=1", 120);

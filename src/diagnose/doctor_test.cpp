@@ -29,7 +29,7 @@ TEST(Doctor, TellsTheStoryOfATroubledRun) {
   VIDIT_REQUIRE_MPI();
   test::ScratchDir dir("doctor");
   const std::string run = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() +
-                          " train.steps=24 train.ckpt_every=4 parallel.shard=2 train.spike_action=skip "
+                          " train.steps=24 checkpoint.every=4 parallel.shard=2 train.spike_action=skip "
                           "train.spike_bins=4 train.spike_warmup=8 ";
   auto slow = test::mpirun(2, run + "faults.kind=slow faults.step=2 faults.rank=1 faults.seconds=0.15 --max-steps 12", 180);
   ASSERT_EQ(slow.status, 0) << slow.output;

@@ -9,7 +9,7 @@
 #include "diagnose/events.h"
 #include "diagnose/replica_check.h"
 #include "../../tests/mpi_test_util.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 namespace {
@@ -41,7 +41,7 @@ TEST(WeightsFingerprint, EqualWeightsAgreeAndAnyFlippedBitDisagrees) {
 }
 
 std::string train_command(const std::string& out_dir, const std::string& extra) {
-  return std::string(VIDIT_BINARY) + test::kTinyTrainArgs + out_dir + " train.steps=8 train.ckpt_every=2 " + extra;
+  return std::string(VIDIT_BINARY) + test::kTinyTrainArgs + out_dir + " train.steps=8 checkpoint.every=2 " + extra;
 }
 
 struct FlipCase {

@@ -34,7 +34,7 @@
 #include "loader/batch_source.h"
 #include "loader/bucket_sampler.h"
 #include "loader/cost_model.h"
-#include "video/buckets.h"
+#include "loader/buckets.h"
 #include "loader/latent_cache.h"
 
 namespace vidit {

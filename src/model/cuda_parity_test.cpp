@@ -14,8 +14,8 @@
 #include "model/dit.h"
 #include "model/state_dict.h"
 #include "core/precision.h"
-#include "train/checkpoint.h"
-#include "train/checkpoint_writer.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "train/trainer.h"
 #include "vae/wan_vae.h"
 
@@ -88,7 +88,7 @@ TEST(CudaParity, DiTForwardAndGradientsMatchCpu) {
 // model on the CPU, so the same config trains to the same losses on either device.
 std::vector<double> train_losses(Precision precision, at::Device device, int steps) {
   Config c = tiny_config({"model.dim=64", "model.heads=4", "model.ffn_dim=128", "train.lr=1e-3",
-                          "train.warmup_steps=0", "train.ckpt_every=0", "train.ema_decay=0"});
+                          "train.warmup_steps=0", "checkpoint.every=0", "train.ema_decay=0"});
   c.train.precision = precision;
   test::ScratchDir dir("cuda_step");
   c.train.out_dir = dir.path();
@@ -175,7 +175,7 @@ TEST(CudaParity, AsyncCheckpointSnapshotsIntoPinnedBuffersAndEqualsTheSyncSave) 
     ~Deterministic() { at::globalContext().setDeterministicCuDNN(before); }
   } deterministic;
   auto config = [](const std::string& out, bool async) {
-    return tiny_config({"train.steps=4", "train.out_dir=\"" + out + "\"", std::string("train.ckpt_async=") + (async ? "true" : "false"),
+    return tiny_config({"train.steps=4", "train.out_dir=\"" + out + "\"", std::string("checkpoint.async=") + (async ? "true" : "false"),
                         "train.attention_backend=\"math\"", "faults.kind=\"slow_storage\"", "faults.step=2",
                         "faults.seconds=0.3"});
   };

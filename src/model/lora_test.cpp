@@ -17,7 +17,7 @@
 #include "model/state_dict.h"
 #include "../../tests/mpi_test_util.h"
 #include "parallel/plan.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/run_weights.h"
 #include "train/trainer.h"
 
@@ -249,7 +249,7 @@ TEST(Lora, RunTrainsOnlyTheAdaptersAndResumesBitwise) {
   ScratchDir dir("lora_run");
   // The base: a short full run, whose checkpoint the LoRA runs start from (train.init_from takes a
   // vidit run as well as a release folder).
-  Config base = tiny_config({"train.steps=2", "train.ckpt_every=0", "train.warmup_steps=0"});
+  Config base = tiny_config({"train.steps=2", "checkpoint.every=0", "train.warmup_steps=0"});
   base.train.out_dir = dir / "base";
   {
     Trainer t(base, synthetic(base), null_text(base));
@@ -257,7 +257,7 @@ TEST(Lora, RunTrainsOnlyTheAdaptersAndResumesBitwise) {
   }
   const CheckpointWeights base_w = read_checkpoint_weights(base.train.out_dir);
   auto lora_cfg = [&](const std::string& out) {
-    Config c = tiny_config({"train.steps=6", "train.ckpt_every=3", "train.warmup_steps=0", "train.lr=1e-2",
+    Config c = tiny_config({"train.steps=6", "checkpoint.every=3", "train.warmup_steps=0", "train.lr=1e-2",
                             "lora.rank=4", "train.ema_decay=0.9"});
     c.train.out_dir = out;
     c.train.init_from = base.train.out_dir;

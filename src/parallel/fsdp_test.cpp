@@ -15,7 +15,7 @@
 #include "../../tests/mpi_test_util.h"
 #include "parallel/plan.h"
 #include "model/state_dict.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 namespace vidit {
@@ -110,7 +110,7 @@ TEST(MpiWorker, FsdpCheckpointResumesAtAnotherMesh) {
   auto world = make_world_comm(detect_launch_env());
   const std::string dir = std::getenv("VIDIT_TEST_DIR");
   std::vector<std::string> base = {"train.steps=10", "train.batch_size=4", "train.warmup_steps=2", "model.layers=3",
-                                   "train.ckpt_every=5", "train.out_dir=" + dir + "/resharded"};
+                                   "checkpoint.every=5", "train.out_dir=" + dir + "/resharded"};
   Config first = tiny_config(sets_from_env("VIDIT_FIRST_SETS", base));
   Config second = tiny_config(sets_from_env("VIDIT_RESUME_SETS", base));
   auto data = std::make_shared<SyntheticDataset>(first, 32, 11);
@@ -145,7 +145,7 @@ TEST(MpiWorker, FsdpCheckpointResumesAtAnotherMesh) {
     Config one = first;
     one.parallel = ParallelConfig{};
     one.train.out_dir = dir + "/single";
-    one.train.ckpt_every = 0;
+    one.checkpoint.every = 0;
     Trainer single(one, data, null_text);
     std::vector<double> want = single.fit(-1, false);
     a.insert(a.end(), b.begin(), b.end());

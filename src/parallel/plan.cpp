@@ -143,7 +143,7 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   }
   plan.largest_tensor = largest;
   const double trained = plan.grads;  // fp32 bytes of what this rank trains (its parts, or the adapters)
-  plan.snapshots = double(cfg.train.ckpt_snapshots) * (trained + plan.optimizer + plan.ema);
+  plan.snapshots = double(cfg.checkpoint.snapshots) * (trained + plan.optimizer + plan.ema);
   // Filling a part: an fp64 buffer of at most 4 Mi values; from init_from, the part cut out of
   // the mapped whole tensor (the whole tensor's pages are the file's, not the heap's).
   const double fill = 8 * std::min<double>(largest_part, 4 << 20);
@@ -267,8 +267,8 @@ std::string format_plan(const Config& cfg, const StepPlan& plan) {
      << (plan.sampling ? ", samples (sample.every) " + human(plan.samples_peak()) : std::string())
      << ", export " << human(plan.export_peak()) << " (one process) per rank (runtime "
      << human(plan.runtime) << ", checkpoint snapshots " << human(plan.snapshots) << " in "
-     << cfg.train.ckpt_snapshots << " set" << (cfg.train.ckpt_snapshots == 1 ? "" : "s")
-     << " of host memory: train.ckpt_snapshots; the largest whole tensor " << human(plan.largest_tensor) << ")\n";
+     << cfg.checkpoint.snapshots << " set" << (cfg.checkpoint.snapshots == 1 ? "" : "s")
+     << " of host memory: checkpoint.snapshots; the largest whole tensor " << human(plan.largest_tensor) << ")\n";
   if (plan.lora_params > 0)
     os << "LoRA            " << plan.lora_params << " adapter parameters train (rank " << cfg.lora.rank
        << "); every other weight is frozen (grads, AdamW and EMA hold the adapters only)\n";

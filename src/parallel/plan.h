@@ -78,7 +78,7 @@ struct StepPlan {
   //                 them (a bounded fp64 buffer, or one whole tensor cut from init_from's file);
   //                 a LoRA run holds its frozen base whole in fp32 while it is stored in
   //                 lora.base_dtype;
-  //   snapshots     host buffers for saves: train.ckpt_snapshots sets of the part this rank
+  //   snapshots     host buffers for saves: checkpoint.snapshots sets of the part this rank
   //                 writes (weights, EMA, AdamW), allocated at construction, held all run;
   //   resume        host, while a checkpoint is read: a staged copy of the rank's state (weights,
   //                 EMA, AdamW) plus one whole tensor put together from the parts;

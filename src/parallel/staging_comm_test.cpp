@@ -15,7 +15,7 @@
 #include <torch/cuda.h>
 
 #include "../../tests/test_util.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "parallel/data_parallel.h"
 #include "parallel/fsdp.h"
 #include "../../tests/mpi_test_util.h"

@@ -17,7 +17,7 @@
 #include "../../tests/mpi_test_util.h"
 #include "parallel/plan.h"
 #include "model/state_dict.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 namespace vidit {

@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "video/buckets.h"
+#include "loader/buckets.h"
 #include "prepare/clips.h"
 #include "loader/latent_cache.h"
 #include "prepare/manifest.h"

@@ -16,7 +16,7 @@
 #include "loader/latent_cache.h"
 #include "video/video_test_util.h"
 #include "../../tests/mpi_test_util.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "../../tests/test_util.h"
 #include "../../tests/mpi_test_util.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 namespace {
@@ -19,7 +19,7 @@ namespace {
 // 8 steps of the tiny model on 2 ranks (FSDP), a checkpoint every 2 steps.
 std::string train_command(const std::string& out_dir, const std::string& extra = "") {
   return std::string(VIDIT_BINARY) + test::kTinyTrainArgs + out_dir +
-         " train.steps=8 train.ckpt_every=2 train.keep_checkpoints=3 parallel.shard=2" + (extra.empty() ? "" : " " + extra);
+         " train.steps=8 checkpoint.every=2 checkpoint.keep=3 parallel.shard=2" + (extra.empty() ? "" : " " + extra);
 }
 
 void expect_same_weights(const std::string& a, const std::string& b) {
@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(
 // the earlier run wrote, moved aside.
 TEST(Train, SameCommandContinuesAndFreshStartsOver) {
   test::ScratchDir dir("train_fresh");
-  const std::string cmd = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() + " train.ckpt_every=2";
+  const std::string cmd = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + dir.path() + " checkpoint.every=2";
   auto first = test::run_process(cmd + " --max-steps 2");
   ASSERT_EQ(first.status, 0) << first.output;
   EXPECT_NE(first.output.find("starting from step 0"), std::string::npos) << first.output;

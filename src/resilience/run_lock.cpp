@@ -250,7 +250,7 @@ void check_out_dir(const std::string& out_dir, uint64_t need_bytes) {
   const uint64_t free_bytes = uint64_t(vfs.f_bavail) * vfs.f_frsize;
   VIDIT_CHECK(free_bytes >= need_bytes, "train.out_dir '", out_dir, "' has ", free_bytes / 1e9,
               " GB free but a checkpoint of this model takes about ", need_bytes / 1e9,
-              " GB: free space, lower train.keep_checkpoints, or point train.out_dir elsewhere");
+              " GB: free space, lower checkpoint.keep, or point train.out_dir elsewhere");
 }
 
 }  // namespace vidit

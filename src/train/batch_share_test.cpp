@@ -11,7 +11,7 @@
 #include "loader/batch_source.h"
 #include "../../tests/mpi_test_util.h"
 #include "model/state_dict.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 namespace vidit {

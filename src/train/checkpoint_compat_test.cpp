@@ -13,7 +13,7 @@
 
 #include "../../tests/test_util.h"
 #include "parallel/tensor_parallel.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 namespace vidit {

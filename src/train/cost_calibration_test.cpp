@@ -217,8 +217,8 @@ TEST(Mpi, CostBalancedRunResumesExactlyWithItsCalibration) {
   write_cache(dir / "cache");
   auto command = [&](const std::string& out) {
     return std::string(VIDIT_BINARY) + test::kTinyTrainArgs + out + " data.source=cache data.cache_dir=" +
-           dir.path() + "/cache data.balance=cost data.token_budget=64 train.steps=8 train.ckpt_every=4 "
-           "train.ckpt_async=false parallel.replicate=2";
+           dir.path() + "/cache data.balance=cost data.token_budget=64 train.steps=8 checkpoint.every=4 "
+           "checkpoint.async=false parallel.replicate=2";
   };
   auto line = [](const std::string& output, const std::string& pattern) {
     std::smatch m;

@@ -18,7 +18,7 @@
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "parallel/layout.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/run_weights.h"
 
 namespace vidit {
@@ -51,14 +51,15 @@ std::string save_in_parts(const Config& cfg, const std::string& run, const Tenso
   s.part.dims = {"shard"};
   s.part.degrees = {parts};
   const std::string tmp = begin_checkpoint(run, s.step, local_storage());
+  std::vector<PartRecord> records;
   for (int i = 0; i < parts; ++i) {
     CheckpointState p = s;
     p.part.index = i;
     for (const auto& [name, t] : model) p.model[name] = cut_part(s.layouts.at(name), t, {i});
     for (const auto& [name, t] : ema) p.ema[name] = cut_part(s.layouts.at(name), t, {i});
-    write_checkpoint_part(tmp, p, !ema.empty(), local_storage());
+    records.push_back(write_checkpoint_part(tmp, p, !ema.empty(), local_storage()));
   }
-  return commit_checkpoint(run, s, 3, 0, local_storage(), 0);
+  return commit_checkpoint(run, s, records, 3, 0, local_storage());
 }
 
 template <class Weights>

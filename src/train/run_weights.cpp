@@ -12,7 +12,7 @@
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "parallel/parallel_model.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 

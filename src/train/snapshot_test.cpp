@@ -1,4 +1,4 @@
-// Checkpoint memory chosen by the run (train.ckpt_snapshots) and the memory plan checked at
+// Checkpoint memory chosen by the run (checkpoint.snapshots) and the memory plan checked at
 // start: the snapshot buffers are allocated and touched when the trainer is built, so a save
 // allocates nothing new; one set or none still save checkpoints equal to the default's; a run
 // whose plan does not fit the node is refused before any work, naming the phase and the key.
@@ -8,7 +8,7 @@
 #include "core/host_peak.h"
 #include "loader/dataset.h"
 #include "parallel/plan.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 namespace vidit {
@@ -19,8 +19,8 @@ using test::tiny_config;
 
 Config config(const std::string& out, int64_t sets, bool async = true) {
   return tiny_config({"train.steps=4", "model.dim=64", "model.ffn_dim=256", "model.layers=3",
-                      "train.out_dir=\"" + out + "\"", "train.ckpt_snapshots=" + std::to_string(sets),
-                      std::string("train.ckpt_async=") + (async ? "true" : "false")});
+                      "train.out_dir=\"" + out + "\"", "checkpoint.snapshots=" + std::to_string(sets),
+                      std::string("checkpoint.async=") + (async ? "true" : "false")});
 }
 
 Trainer make(const Config& c) {

@@ -129,7 +129,7 @@ TEST(Spikes, RollbackReturnsToTheCheckpointAndReplaysWithoutTheSample) {
   test::ScratchDir dir("rollback");
   const std::string out = dir.path() + "/run";
   auto r = test::mpirun(2,
-                        demo_run(out, "parallel.shard=2 train.steps=40 train.spike_action=rollback train.ckpt_every=2 "
+                        demo_run(out, "parallel.shard=2 train.steps=40 train.spike_action=rollback checkpoint.every=2 "
                                       "train.schedule=constant train.warmup_steps=0 train.rollback_lr_scale=0.5"),
                         300);
   ASSERT_EQ(r.status, 0) << r.output;

@@ -37,7 +37,7 @@
 #include "model/lora.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/run_weights.h"
 
 namespace vidit {
@@ -86,7 +86,6 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       faults_(cfg.faults, mesh_->rank()),
       watchdog_(std::make_unique<Watchdog>(cfg.train.stall_timeout_s, mesh_->rank(), cfg.train.stall_steps,
                                            cfg.train.stall_min_s)),
-      last_save_time_(std::chrono::steady_clock::now()),
       stragglers_(cfg.train.straggler_threshold, cfg.train.straggler_patience),
       spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
@@ -189,9 +188,20 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                                                             cfg.train.weight_decay},
                                  pm_->whole_shapes());
   if (cfg.train.ema_decay > 0) ema_ = std::make_unique<EMA>(pm_->params(), cfg.train.ema_decay);
-  // The host buffers saves copy the state into, allocated and touched now (train.ckpt_snapshots):
-  // the first save pauses no longer than later ones, and the memory is taken before the first step.
-  snapshot_bytes_ = reserve_snapshots();
+  // Saves and resumes. The host buffers saves copy the state into are allocated and touched now
+  // (checkpoint.snapshots): the first save pauses no longer than later ones, and the memory is
+  // taken before the first step.
+  const auto& cc = cfg.checkpoint;
+  ckpt_ = std::make_unique<Checkpointer>(
+      CheckpointOptions{cfg.train.out_dir, cc.keep, cc.keep_every, cc.async, cc.snapshots, cc.timeout_s,
+                        cc.failures_max, true},
+      mesh_, *pm_, hosts_, faults_, [this]() -> EventLog& { return events(); });
+  ckpt_->on_committed = [this](const SaveOutcome& o) {
+    if (!console_ || !tb_) return;
+    tb_->add_scalar("checkpoint/pause_s", o.step, o.blocked_s);
+    tb_->add_scalar("checkpoint/write_s", o.step, o.write_s);
+  };
+  ckpt_->reserve(*this);
   // What earlier attempts of this run quarantined is never handed out again.
   quarantine_ = std::make_unique<Quarantine>(cfg.train.out_dir, cfg.train.quarantine_after);
   data_->skip(quarantine_->quarantined());
@@ -245,39 +255,22 @@ std::string Trainer::save() {
 }
 
 void Trainer::start_save() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto& tc = cfg_.train;
-  // Two saves may be in flight: one being written and this one, snapshotted into the other set
-  // of host buffers and written after it. A third waits for the oldest (and all ranks agree on
-  // it) first. Replicas that disagree are never saved.
-  // (A synchronous save's report is told first.)
-  const int64_t sets = tc.ckpt_snapshots;
-  if (sync_report_ || writer_.in_flight() >= std::max<int64_t>(1, sets)) finish_oldest_save();
-  check_replicas_or_stop();
+  ckpt_->make_room();
+  check_replicas_or_stop();  // replicas that disagree are never saved
   watchdog_->beat("saving a checkpoint", step_, /*adaptive=*/false);
-  SaveJob job;
-  job.out_dir = tc.out_dir;
-  CheckpointState& s = job.state;
+  ckpt_->start_save(*this);
+}
+
+CheckpointState Trainer::checkpoint_state() {
+  CheckpointState s;
   s.step = step_;
-  s.layouts = pm_->layouts();
-  s.part = pm_->part();
-  job.write = writes_part();
-  job.commit = is_lead();
-  job.rank = mesh_->rank();
-  job.with_ema = ema_ != nullptr;
-  job.keep = tc.keep_checkpoints, job.keep_every = tc.keep_every, job.timeout_s = tc.ckpt_timeout_s;
-  job.storage = &faults_.storage_for_save(step_, local_storage());
-  // Each rank keeps the keys it writes: its part of a parameter when it is that part's writer,
-  // and (rank 0) the keys that name no parameter.
-  auto mine = [&](const TensorMap& m) { return written_part(m); };
-  const TensorMap model = mine(pm_->params());
-  const TensorMap ema = ema_ ? mine(ema_->weights()) : TensorMap{};
-  if (ema_) s.ema_updates = ema_->updates();
-  TensorMap optimizer = opt_->state();
-  optimizer["rng/train"] = gen_.get_state();
+  s.model = pm_->params();
+  if (ema_) s.ema = ema_->weights(), s.ema_updates = ema_->updates();
+  s.optimizer = opt_->state();
+  s.optimizer["rng/train"] = gen_.get_state();
   // The spike baselines (the same on every rank: they learn from gathered samples).
   for (const auto& [name, values] : spikes_.state())
-    optimizer["spikes/" + name] = at::tensor(values, at::kDouble);
+    s.optimizer["spikes/" + name] = at::tensor(values, at::kDouble);
   // Ranks with batches of their own also have streams of their own: every one is saved.
   if (!data_->slices_global_batch()) {
     const auto& dp = mesh_->group("dp");
@@ -285,35 +278,11 @@ void Trainer::start_save() {
     at::Tensor all = at::empty({dp->size() * own.numel()}, own.options());
     dp->all_gather(own, all)->wait();
     for (int r = 1; r < dp->size(); ++r)
-      optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * own.numel(), own.numel()).to(at::kByte);
+      s.optimizer["rng/train.dp" + std::to_string(r)] = all.narrow(0, r * own.numel(), own.numel()).to(at::kByte);
   }
-  optimizer = mine(optimizer);
   s.sampler = data_->state();
   s.config_toml = config_to_toml(cfg_);
-  // Rank 0 opens the directory (removing what a killed save left) before any part is written.
-  // (Not the one of the save still being written.)
-  if (is_lead()) begin_checkpoint(tc.out_dir, step_, local_storage(), writer_.steps());
-  mesh_->world()->barrier();
-  // The state as it is now, in host buffers kept from one save to the next.
-  // (train.ckpt_snapshots = 0: no buffers; the live state is written before training goes on.)
-  if (job.write && sets == 0) {
-    s.model = model, s.ema = ema, s.optimizer = optimizer;
-  } else if (job.write) {
-    Snapshots& into = snaps_[snap_slot_];
-    snap_slot_ = (snap_slot_ + 1) % int(sets);
-    s.model = snapshot(model, into.model);
-    s.ema = snapshot(ema, into.ema);
-    s.optimizer = snapshot(optimizer, into.optimizer);
-  }
-  const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  last_save_time_ = std::chrono::steady_clock::now();
-  if (tc.ckpt_async && sets > 0) {
-    writer_.start(std::move(job), blocked);
-  } else {
-    SaveReport r = CheckpointWriter::run(job);
-    r.blocked_s = blocked + r.write_s;
-    sync_report_ = r;
-  }
+  return s;
 }
 
 void Trainer::check_memory_plan() const {
@@ -327,13 +296,13 @@ void Trainer::check_memory_plan() const {
   };
   const Phase phases[] = {
       {"construction", device_.is_cpu() ? plan.construction_peak() : plan.runtime + plan.snapshots,
-       "parallel.shard (more ranks share the state), train.ckpt_snapshots"},
+       "parallel.shard (more ranks share the state), checkpoint.snapshots"},
       {"a training step", device_.is_cpu() ? plan.step_peak() : plan.runtime + plan.snapshots,
-       "parallel.shard, train.batch_size, train.memory_budget_gb (recompute), train.ckpt_snapshots"},
+       "parallel.shard, train.batch_size, train.memory_budget_gb (recompute), checkpoint.snapshots"},
       {"resume", device_.is_cpu() ? plan.resume_peak() : plan.runtime + plan.snapshots + plan.resume,
-       "parallel.shard, train.ckpt_snapshots"},
+       "parallel.shard, checkpoint.snapshots"},
       {"samples while training", device_.is_cpu() ? plan.samples_peak() : plan.runtime + plan.snapshots,
-       "sample.every, parallel.shard, train.ckpt_snapshots"}};
+       "sample.every, parallel.shard, checkpoint.snapshots"}};
   const Phase* worst = &phases[0];
   for (const Phase& p : phases)
     if (p.bytes > worst->bytes) worst = &p;
@@ -347,128 +316,25 @@ void Trainer::check_memory_plan() const {
               "). Change ", worst->keys, ", or run fewer ranks per node");
 }
 
-void Trainer::agreed_unreadable(CheckpointUnreadable e) const {
-  // Every rank reached this after the same all-gather: each prints, then all wait for one
-  // another, so that a rank ending the job (abort_world) cannot cut off another's message.
-  std::fprintf(stderr, "error: %s\n", e.what());
-  std::fflush(stderr);
-  mesh_->world()->barrier();
-  e.reported = true;
-  throw e;
-}
+std::string Trainer::finish_save() { return ckpt_->finish_all(); }
 
-TensorMap Trainer::written_part(const TensorMap& m) const {
-  TensorMap out;
-  for (const auto& [key, t] : m)
-    if (pm_->writes(key)) out[key] = t;
-  return out;
-}
+void Trainer::load(const std::string& dir) { ckpt_->load(dir, *this); }
 
-bool Trainer::writes_part() const {
-  const CheckpointPart part = pm_->part();
-  return std::all_of(std::begin(kMeshDims), std::end(kMeshDims), [&](const char* d) {
-    return std::find(part.dims.begin(), part.dims.end(), d) != part.dims.end() || mesh_->coord(d) == 0;
-  });
-}
+bool Trainer::resume() { return ckpt_->resume(*this); }
 
-int64_t Trainer::reserve_snapshots() {
-  if (!writes_part() || cfg_.train.ckpt_snapshots == 0) return 0;
-  auto mine = [&](const TensorMap& m) { return written_part(m); };
-  const TensorMap model = mine(pm_->params()), ema = ema_ ? mine(ema_->weights()) : TensorMap{},
-                  optimizer = mine(opt_->state());
-  int64_t bytes = 0;
-  for (int64_t k = 0; k < cfg_.train.ckpt_snapshots; ++k)
-    bytes += reserve_snapshot(model, snaps_[k].model) + reserve_snapshot(ema, snaps_[k].ema) +
-             reserve_snapshot(optimizer, snaps_[k].optimizer);
-  return bytes;
-}
-
-std::string Trainer::finish_save() {
-  // Every save in flight, oldest first; a synchronous save's report, or nothing.
-  std::string dir = finish_oldest_save();
-  while (writer_.in_flight() > 0) dir = finish_oldest_save();
-  return dir;
-}
-
-std::string Trainer::finish_oldest_save() {
-  std::optional<SaveReport> done = writer_.in_flight() ? writer_.wait() : std::move(sync_report_);
-  sync_report_.reset();
-  // Collective: every rank calls this at the same points, with or without a save in flight.
-  // Column 1: 0 fine, 1 the commit failed, 2 this rank's own part failed (named first).
-  const double failure = !done || done->error.empty() ? 0.0 : done->in_commit ? 1.0 : 2.0;
-  at::Tensor mine = at::tensor({done ? 1.0 : 0.0, failure,
-                                done ? double(done->bytes) : 0.0, done ? done->write_s : 0.0},
-                               at::kDouble);
-  at::Tensor all = at::empty({mesh_->size() * 4}, at::kDouble);
-  mesh_->world()->all_gather(mine, all)->wait();
-  all = all.view({mesh_->size(), 4});
-  if (all.select(1, 0).max().item<double>() == 0) return "";  // nothing was in flight
-  const bool failed = all.select(1, 1).max().item<double>() > 0;
-  const int64_t step = done ? done->step : step_;
-  if (failed) {
-    ++failed_saves_;
-    const int bad_rank = int(all.select(1, 1).argmax().item<int64_t>());
-    if (is_lead()) {
-      const auto good = latest_checkpoint(cfg_.train.out_dir);
-      std::fprintf(stderr,
-                   "checkpoint of step %lld was not saved (failed on rank %d%s%s); the newest good checkpoint is %s. "
-                   "%s\n",
-                   (long long)step, bad_rank, done->error.empty() ? "" : ": ", done->error.c_str(),
-                   good ? good->c_str() : "none",
-                   failed_saves_ < cfg_.train.ckpt_failures_max ? "Training goes on; the next save tries again"
-                                                                 : "");
-    } else if (done && !done->error.empty()) {
-      std::fprintf(stderr, "rank %d: its part of the checkpoint of step %lld failed: %s\n", mesh_->rank(),
-                   (long long)step, done->error.c_str());
-    }
-    events().write("save_failed", step, {{"rank", bad_rank}, {"host", bad_rank < int(hosts_.size()) ? hosts_[size_t(bad_rank)] : ""},
-                                         {"error", done ? done->error : ""}, {"in_a_row", failed_saves_}});
-    VIDIT_CHECK(failed_saves_ < cfg_.train.ckpt_failures_max, failed_saves_,
-                " saves in a row failed (train.ckpt_failures_max); stopping. Fix the storage of ", cfg_.train.out_dir,
-                " and run the same command again: it resumes from the newest good checkpoint");
-    return "";
-  }
-  failed_saves_ = 0;
-  if (!is_lead()) {
-    faults_.after_save(step, "");
-    return "";
-  }
-  const double bytes = all.select(1, 2).sum().item<double>(), write_s = all.select(1, 3).max().item<double>();
-  if (console_) {
-    std::printf("checkpoint step %lld: training paused %.3f s, written in %.2f s in the background "
-                "(%.1f MB by %d rank(s), %.0f MB/s) -> %s\n",
-                (long long)step, done->blocked_s, write_s, bytes / 1e6, int((all.select(1, 2) > 0).sum().item<int64_t>()),
-                write_s > 0 ? bytes / 1e6 / write_s : 0.0, done->dir.c_str());
-    if (tb_) {
-      tb_->add_scalar("checkpoint/pause_s", step, done->blocked_s);
-      tb_->add_scalar("checkpoint/write_s", step, write_s);
-    }
-    std::ofstream log(cfg_.train.out_dir + "/saves.jsonl", std::ios::app);
-    log << nlohmann::json{{"step", step},          {"blocked_s", done->blocked_s}, {"write_s", write_s},
-                          {"bytes", int64_t(bytes)}, {"async", cfg_.train.ckpt_async}, {"dir", done->dir}}
-               .dump()
-        << "\n";
-  }
-  faults_.after_save(step, done->dir);
-  return done->dir;
-}
-
-void Trainer::load(const std::string& dir) { apply(read_checkpoint(dir, local_storage())); }
-
-Trainer::Staged Trainer::read_checkpoint(const std::string& dir, Storage& storage) const {
+std::unique_ptr<StagedState> Trainer::stage(const CheckpointReader& ckpt) const {
   // One whole tensor at a time: read from the mapped files, verified, cut to this rank's part
   // and copied out, so that resuming a large model at any mesh needs no more memory than one
-  // whole tensor beyond a copy of this rank's state. The whole tensors and the parts get their own
-  // mappings (core/malloc_tuning.h): freed wholes leave no holes for the heap to keep.
-  ScopedFreshMappings fresh_mappings;
-  CheckpointReader ckpt(dir, storage);
+  // whole tensor beyond a copy of this rank's state.
+  const std::string& dir = ckpt.dir();
   const CheckpointState& meta = ckpt.meta();
   auto mine = [&](const char* what, const std::string& key) {
     watchdog_->beat("loading a checkpoint", -1, /*adaptive=*/false);
     // ckpt.whole() is a fresh copy and local() cuts a fresh part of it: no third copy.
     return pm_->local(key, ckpt.whole(what, key)).to(at::kCPU);
   };
-  Staged s;
+  auto staged = std::make_unique<Staged>();
+  Staged& s = *staged;
   s.dir = dir;
   s.step = meta.step;
   // Every parameter, by name and whole shape, before anything is read.
@@ -505,10 +371,11 @@ Trainer::Staged Trainer::read_checkpoint(const std::string& dir, Storage& storag
       s.spikes[key.substr(7)] = std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
     }
   s.sampler = meta.sampler;
-  return s;
+  return staged;
 }
 
-void Trainer::apply(Staged&& s) {
+void Trainer::apply(std::unique_ptr<StagedState> staged) {
+  Staged& s = static_cast<Staged&>(*staged);
   at::NoGradGuard ng;
   for (const auto& [name, p] : pm_->params()) at::Tensor(p).copy_(s.model.at(name));
   if (ema_) {
@@ -605,110 +472,6 @@ MicroBatch Trainer::stand_in() const {
           null_text_.unsqueeze(0).to(at::kFloat), 0, 0, {}};
 }
 
-bool Trainer::resume() {
-  // Newest first. A checkpoint is read and verified into fresh memory on every rank, then the
-  // ranks compare outcomes, and only when every one of them verified the same step does it
-  // replace the live state. Corrupt ones (every rank found the damage, in the same file) are
-  // fallen back past. Anything else stops the resume with nothing changed on disk or in memory:
-  // a checkpoint that does not fit this run (config), one a rank cannot read now (I/O,
-  // permission, memory: CheckpointUnreadable, exit kUnreadableCheckpointStatus, so the same
-  // command can try again), a newer format, a failure of another kind, ranks that disagree.
-  // Corrupt checkpoints are set aside only once an older one has loaded: the last verified
-  // checkpoint is never set aside for want of a second. A run whose out_dir shows earlier
-  // checkpoints but has none to resume from refuses to start from step 0 (--fresh does).
-  const std::vector<std::string> candidates = checkpoint_candidates(cfg_.train.out_dir);
-  const int n = mesh_->size();
-  std::vector<std::pair<std::string, std::string>> corrupt;  // directory, why
-  auto ranks_with = [&](const at::Tensor& all, int status) {
-    std::string out;
-    for (int r = 0; r < n; ++r)
-      if (int(all[r][0].item<double>()) == status) out += (out.empty() ? "" : ", ") + rank_and_host(r, hosts_);
-    return out;
-  };
-  for (const std::string& dir : candidates) {
-    // This rank's outcome: 0 read and verified; 1 corrupt (in `file`); 2 does not fit this run;
-    // 3 cannot be read now, or by this binary; 4 another failure.
-    int status = 0;
-    std::string why, file;
-    std::optional<Staged> staged;
-    const int64_t step = std::stoll(std::filesystem::path(dir).filename().string().substr(5));
-    try {
-      staged = read_checkpoint(dir, faults_.storage_for_load(step, local_storage()));
-    } catch (const CheckpointCorrupt& e) {
-      status = 1, why = e.what(), file = e.file();
-    } catch (const CheckpointUnreadable& e) {
-      status = 3, why = e.what();
-    } catch (const Error& e) {
-      status = 2, why = e.what();
-    } catch (const std::exception& e) {
-      status = 4, why = e.what();
-    }
-    if (status != 0 && !is_lead()) std::fprintf(stderr, "rank %d: checkpoint %s: %s\n", mesh_->rank(), dir.c_str(), why.c_str());
-    const double file_id = double(std::hash<std::string>{}(file) & ((uint64_t(1) << 52) - 1));
-    at::Tensor mine = at::tensor({double(status), file_id, staged ? double(staged->step) : -1.0}, at::kDouble);
-    at::Tensor all = at::empty({n * 3}, at::kDouble);
-    mesh_->world()->all_gather(mine, all)->wait();
-    all = all.view({n, 3});
-    const at::Tensor st = all.select(1, 0);
-    const std::string own = why.empty() ? "" : " (here: " + why + ")";
-    VIDIT_CHECK(ranks_with(all, 2).empty(), "cannot resume from ", dir, ": it does not fit this run on ",
-                ranks_with(all, 2), why.empty() ? "; see their message above" : ": " + why,
-                ". Nothing was changed: fix the config to match it, or start this config in another train.out_dir");
-    if (!ranks_with(all, 3).empty() || !ranks_with(all, 4).empty())
-      agreed_unreadable(CheckpointUnreadable("checkpoint " + dir + " could not be read on " + ranks_with(all, 3) +
-                                     (ranks_with(all, 3).empty() || ranks_with(all, 4).empty() ? "" : ", and failed on ") +
-                                     ranks_with(all, 4) + own + ". That is no proof it is damaged: nothing was set aside " +
-                                     "or changed. Fix what the message says (storage, permissions, memory, the vidit " +
-                                     "version) and run the same command again",
-                                 0));
-    if (st.max().item<double>() == 0) {
-      VIDIT_CHECK(all.select(1, 2).min().item<double>() == all.select(1, 2).max().item<double>(), "the ranks read ",
-                  dir, " as different steps (", all.select(1, 2).min().item<double>(), " to ",
-                  all.select(1, 2).max().item<double>(), "): is out_dir the same directory on every host?");
-      apply(std::move(*staged));
-      if (is_lead())
-        for (const auto& [bad, bad_why] : corrupt) {
-          std::fprintf(stderr, "checkpoint %s is corrupt: %s\n  set aside as %s\n", bad.c_str(), bad_why.c_str(),
-                       set_aside_checkpoint(bad, dir, cfg_.train.keep_checkpoints).c_str());
-          events().write("checkpoint_set_aside", step_, {{"dir", bad}, {"why", bad_why}});
-        }
-      if (!corrupt.empty() && is_lead())
-        std::fprintf(stderr, "resuming from %s instead (step %lld)\n", dir.c_str(), (long long)step_);
-      mesh_->world()->barrier();
-      return true;
-    }
-    // Corrupt only when every rank found it so, in the same file.
-    const bool same_file = st.min().item<double>() == 1 &&
-                           all.select(1, 1).min().item<double>() == all.select(1, 1).max().item<double>();
-    if (!same_file)
-      agreed_unreadable(CheckpointUnreadable("checkpoint " + dir + ": " + ranks_with(all, 1) + " found it corrupt" +
-                                     (ranks_with(all, 0).empty() ? " in different files" : " but " + ranks_with(all, 0) +
-                                                                                             " read it whole") +
-                                     own + ". The ranks disagree, which proves no damage (a host's storage or memory " +
-                                     "may be at fault): nothing was set aside or changed. Check those hosts (vidit health) " +
-                                     "and run the same command again",
-                                 0));
-    if (is_lead()) std::fprintf(stderr, "checkpoint %s cannot be used: %s\n", dir.c_str(), why.c_str());
-    corrupt.emplace_back(dir, why);
-  }
-  if (!corrupt.empty()) {
-    std::string list;
-    for (const auto& [d, w] : corrupt) list += "\n  " + d + ": " + w;
-    fail("no checkpoint in ", cfg_.train.out_dir, "/checkpoints verifies:", list,
-         "\nNothing was set aside: restore a good copy of one of them, or start from step 0 with --fresh (what is "
-         "there is moved aside, not deleted)");
-  }
-  const std::vector<std::string> traces = traces_of_checkpoints(cfg_.train.out_dir);
-  if (!traces.empty()) {
-    std::string list;
-    for (const auto& t : traces) list += "\n  " + t;
-    fail("no checkpoint to resume from in ", cfg_.train.out_dir, "/checkpoints, but earlier ones are there:", list,
-         "\nRefusing to start from step 0 over them: restore one (rename step_N.corrupt back to step_N if you know it "
-         "is good), or start over with --fresh (what is there is moved aside, not deleted)");
-  }
-  return false;
-}
-
 // Rank 0's TensorBoard file (train.tensorboard): a new file each attempt. A resumed run writes only
 // the steps no earlier file holds (those after its checkpoint that the stopped run logged are not
 // written again); after a rollback the steps trained again are written again, in a new file, since
@@ -725,6 +488,7 @@ void Trainer::open_tensorboard(bool after_rollback) {
 
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
   console_ = console;
+  ckpt_->set_console(console);
   const int64_t total = cfg_.train.steps;
   const int64_t until = until_step < 0 ? total : std::min(until_step, total);
   std::unique_ptr<MetricsLogger> logger;
@@ -851,22 +615,20 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
       after_step(r);
       watchdog_->beat("training", step_);
     }
-    if (faults_.process_fault_after(r.step) && writer_.in_flight() > 0) finish_save();  // the same on all ranks
+    if (faults_.process_fault_after(r.step) && ckpt_->in_flight() > 0) finish_save();  // the same on all ranks
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
     if (cfg_.train.replica_check_every > 0 && r.step % cfg_.train.replica_check_every == 0) check_replicas_or_stop();
     // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
     // any rank (resilience/stop_signal.h: save below and return), and a save that is due, by
-    // the step count or by rank 0's clock (train.ckpt_every_minutes).
-    const double minutes = cfg_.train.ckpt_every_minutes;
-    const bool time_due = is_lead() && minutes > 0 &&
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count() >=
-                              minutes * 60;
+    // the step count or by rank 0's clock (checkpoint.every_minutes).
+    const double minutes = cfg_.checkpoint.every_minutes;
+    const bool time_due = is_lead() && minutes > 0 && ckpt_->seconds_since_save() >= minutes * 60;
     // And whether a save is still being written on some rank: once none is, it is finished
     // (and reported) at once rather than at the next save.
-    const bool writing = writer_.in_flight() > 0 && !writer_.finished();
+    const bool writing = ckpt_->writing();
     at::Tensor flags = at::tensor({stop_requested() ? 1.0 : 0.0, time_due ? 1.0 : 0.0, writing ? 1.0 : 0.0}, at::kDouble);
     mesh_->world()->all_reduce(flags, ReduceOp::Max)->wait();
-    if (writer_.in_flight() > 0 && flags[2].item<double>() == 0) finish_save();
+    if (ckpt_->in_flight() > 0 && flags[2].item<double>() == 0) finish_save();
     if (flags[0].item<double>() > 0) {
       stopped_ = true;
       if (is_lead())
@@ -874,7 +636,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
                     stop_signal() ? "" : " on another rank", (long long)step_);
       break;
     }
-    const bool step_due = cfg_.train.ckpt_every > 0 && r.step % cfg_.train.ckpt_every == 0;
+    const bool step_due = cfg_.checkpoint.every > 0 && r.step % cfg_.checkpoint.every == 0;
     if ((step_due || flags[1].item<double>() > 0) && r.step != until) {
       if (tb_) tb_->flush();  // what a checkpoint holds is in the event file: a restart leaves no gap
       start_save();

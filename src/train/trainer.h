@@ -37,7 +37,7 @@
 #include "model/dit.h"
 #include "model/model_info.h"
 #include "train/adamw.h"
-#include "train/checkpoint_writer.h"
+#include "checkpoint/checkpointer.h"
 #include "train/ema.h"
 #include "train/metrics.h"
 #include "train/step_tap.h"
@@ -72,7 +72,7 @@ struct StepResult {
   std::map<std::string, std::pair<double, int64_t>> bucket_losses;
 };
 
-class Trainer {
+class Trainer : private CheckpointedRun {
  public:
   // `null_text` [Lt, text_dim]: the embedding used when the caption is dropped (CFG).
   // Reads `data` through an EpochSampler (fixed-shape samples).
@@ -80,7 +80,7 @@ class Trainer {
   // Construction is collective over the mesh. The model is built without storage, parallelized,
   // and then each rank allocates and initialises only its part (train.seed gives every element
   // the value a one-process run gives it) or copies its part out of train.init_from; nothing is
-  // broadcast. AdamW, the EMA and train.ckpt_snapshots sets of host buffers are allocated here.
+  // broadcast. AdamW, the EMA and checkpoint.snapshots sets of host buffers are allocated here.
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text,
           at::Device device = at::kCPU, std::shared_ptr<const Mesh> mesh = nullptr);
   // Reads any batch source, e.g. the latent cache's bucketed loader (variable shapes). Under data
@@ -98,16 +98,16 @@ class Trainer {
   // One optimizer step (grad_accum micro-batches). See train_step.cpp.
   StepResult step();
   // Steps until `until_step` (default: cfg.train.steps), logging every log_every steps,
-  // checkpointing every ckpt_every steps and at the end. Returns each step's loss.
+  // checkpointing every checkpoint.every steps and at the end. Returns each step's loss.
   // `after_step`, when given, runs after every step (e.g. a periodic evaluation).
   using StepHook = std::function<void(const StepResult&)>;
   std::vector<double> fit(int64_t until_step = -1, bool console = true, const StepHook& after_step = {});
   // Writes a checkpoint now and waits for it (collective: each rank writes its part); returns
   // its directory on rank 0, "" on the others and when the save failed (reported on stderr;
-  // train.ckpt_failures_max failures in a row throw).
+  // checkpoint.failures_max failures in a row throw).
   std::string save();
-  // The same in two halves (train/checkpoint_writer.h): start_save() snapshots the state and
-  // leaves the writing to a background thread (train.ckpt_async; else it writes at once);
+  // The same in two halves (checkpoint/checkpointer.h): start_save() snapshots the state and
+  // leaves the writing to a background thread (checkpoint.async; else it writes at once);
   // finish_save() waits for every save in flight and agrees with the other ranks on whether
   // each committed. Both are collective; two saves may be in flight (start_save() finishes the
   // oldest when a third comes).
@@ -141,9 +141,9 @@ class Trainer {
   const Config& config() const { return cfg_; }
   // A view into every following step (train/step_tap.h); null: none.
   void set_step_tap(std::shared_ptr<StepTap> tap) { tap_ = std::move(tap); }
-  // Bytes of the host buffers reserved for checkpoint snapshots (train.ckpt_snapshots sets of this
+  // Bytes of the host buffers reserved for checkpoint snapshots (checkpoint.snapshots sets of this
   // rank's part of the state; 0 on a rank that writes no part).
-  int64_t snapshot_bytes() const { return snapshot_bytes_; }
+  int64_t snapshot_bytes() const { return ckpt_->snapshot_bytes(); }
   // <out_dir>/events.jsonl (rank 0; a sink on the others).
   EventLog& events();
   // The host of each rank, by rank.
@@ -154,16 +154,17 @@ class Trainer {
   // of it reaches the live state until apply(), so a load that fails leaves no trace. The cost:
   // host memory for one copy of this rank's weights, EMA and AdamW moments during a resume
   // (16 bytes per parameter of its share; 3.5 GB per rank for 14B over 64 ranks).
-  struct Staged {
-    std::string dir;
-    int64_t step = 0, ema_updates = 0;
+  struct Staged : StagedState {
+    int64_t ema_updates = 0;
     TensorMap model, ema, optimizer;
     at::Tensor rng;  // this rank's stream; undefined: a stream of its own from (seed, rank, step)
     std::map<std::string, std::vector<double>> spikes;
     SamplerState sampler;
   };
-  Staged read_checkpoint(const std::string& dir, Storage& storage) const;
-  void apply(Staged&& s);
+  // CheckpointedRun: what the checkpointer saves, and a checkpoint staged and applied.
+  CheckpointState checkpoint_state() override;
+  std::unique_ptr<StagedState> stage(const CheckpointReader& ckpt) const override;
+  void apply(std::unique_ptr<StagedState> staged) override;
   // The Dataset constructor's work, once the mesh exists.
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> data, at::Tensor null_text, at::Device device,
           std::shared_ptr<const Mesh> mesh, std::nullptr_t);
@@ -198,28 +199,12 @@ class Trainer {
   std::unique_ptr<Watchdog> watchdog_;  // ends this process when it stops making progress
   bool stopped_ = false;
   bool console_ = true;
-  // Saves: the writer, the host buffers of the snapshots (kept between saves), a synchronous
-  // save's report, failures in a row, and when the last save began.
   std::shared_ptr<StepTap> tap_;
-  CheckpointWriter writer_;
-  struct Snapshots {
-    TensorMap model, ema, optimizer;
-  };
-  Snapshots snaps_[2];  // train.ckpt_snapshots sets: a save snapshots into one while the other is written
-  int snap_slot_ = 0;
-  int64_t snapshot_bytes_ = 0;  // their bytes, reserved at construction
-  bool writes_part() const;     // this rank writes a part of each checkpoint
-  TensorMap written_part(const TensorMap& m) const;  // the keys of `m` this rank writes
+  // Saves and resumes (checkpoint/checkpointer.h).
+  std::unique_ptr<Checkpointer> ckpt_;
   // Refuses (vidit::Error naming the phase, the figure and the keys) a run whose memory plan
   // needs more host memory on this node than it has (train.host_memory_gb).
   void check_memory_plan() const;
-  // Prints `e` on this rank, waits for every rank to have done so, and throws it marked reported.
-  [[noreturn]] void agreed_unreadable(CheckpointUnreadable e) const;
-  int64_t reserve_snapshots();  // allocates and touches the sets; returns their bytes
-  std::string finish_oldest_save();  // finish_save() for the oldest save in flight only
-  std::optional<SaveReport> sync_report_;
-  int64_t failed_saves_ = 0;
-  std::chrono::steady_clock::time_point last_save_time_;
   int64_t skipped_in_a_row_ = 0;
   // Diagnosis: every rank's host (gathered at construction), the run's events.jsonl (rank 0;
   // opened at first use), and the replica check (diagnose/replica_check.h), which throws

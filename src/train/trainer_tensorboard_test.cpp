@@ -23,7 +23,7 @@ TEST(TrainerTensorBoard, EveryStepOnceAcrossAKillAndRestart) {
   test::ScratchDir dir("trainer_tb");
   const std::string out = dir / "run";
   const std::string args = std::string(VIDIT_BINARY) + test::kTinyTrainArgs + out +
-                           " train.steps=8 train.ckpt_every=4 train.ckpt_async=false";
+                           " train.steps=8 checkpoint.every=4 checkpoint.async=false";
   auto first = test::run_process(args + " faults.kind=kill faults.step=5 2>&1");
   ASSERT_NE(first.status, 0) << "the fault did not fire:\n" << first.output;
   ASSERT_NE(first.output.find("fault injection"), std::string::npos) << first.output;

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "diffusion/flow_matching.h"
 #include "model/state_dict.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/schedule.h"
 
 namespace vidit {
@@ -103,7 +103,7 @@ TEST(Spikes, BaselinesResumeWithTheCheckpoint) {
 
 TEST(Checkpoint, SaveLoadIsBitwiseAndAtomic) {
   ScratchDir dir("ckpt");
-  Config c = tiny_config({"train.steps=2", "train.keep_checkpoints=2", "train.out_dir=\"" + dir.path() + "\""});
+  Config c = tiny_config({"train.steps=2", "checkpoint.keep=2", "train.out_dir=\"" + dir.path() + "\""});
   Trainer t(c, synthetic(c), null_text(c));
   t.fit(-1, false);
   auto latest = latest_checkpoint(dir.path());
@@ -173,7 +173,7 @@ TEST(Checkpoint, CorruptFilesGiveClearErrors) {
 // checkpoint resumed from; a format-1 checkpoint without a manifest is refused until sealed.
 TEST(Checkpoint, LeftoversOfCrashesAndFallbacks) {
   ScratchDir dir("ckpt_leftovers");
-  Config c = tiny_config({"train.steps=3", "train.ckpt_every=1", "train.keep_checkpoints=3",
+  Config c = tiny_config({"train.steps=3", "checkpoint.every=1", "checkpoint.keep=3",
                           "train.out_dir=\"" + dir.path() + "\""});
   Trainer t(c, synthetic(c), null_text(c));
   t.fit(-1, false);
@@ -226,7 +226,7 @@ TEST(Checkpoint, LeftoversOfCrashesAndFallbacks) {
 // checkpoint is set aside for the one before it. Retention keeps every keep_every-th step.
 TEST(Checkpoint, DirectoryRecoversByItself) {
   ScratchDir dir("ckpt_recover");
-  Config c = tiny_config({"train.steps=6", "train.ckpt_every=1", "train.keep_checkpoints=2", "train.keep_every=3",
+  Config c = tiny_config({"train.steps=6", "checkpoint.every=1", "checkpoint.keep=2", "checkpoint.keep_every=3",
                           "train.out_dir=\"" + dir.path() + "\""});
   Trainer t(c, synthetic(c), null_text(c));
   t.fit(4, false);
@@ -260,7 +260,7 @@ TEST(Checkpoint, AsynchronousSaveWritesInTheBackgroundAndEqualsTheSynchronousOne
   // bit for bit, one saved synchronously at the same step.
   ScratchDir a("async_save"), b("sync_save");
   auto config = [](const std::string& out, bool async) {
-    return tiny_config({"train.steps=4", "train.out_dir=\"" + out + "\"", std::string("train.ckpt_async=") + (async ? "true" : "false"),
+    return tiny_config({"train.steps=4", "train.out_dir=\"" + out + "\"", std::string("checkpoint.async=") + (async ? "true" : "false"),
                         "faults.kind=\"slow_storage\"", "faults.step=2", "faults.seconds=0.3"});
   };
   Config ca = config(a.path(), true), cb = config(b.path(), false);
@@ -296,8 +296,8 @@ TEST(Checkpoint, ASaveWhileThePreviousIsWrittenDoesNotWaitForIt) {
   // checkpoint would hold step 3's state).
   ScratchDir a("double_buffer"), b("double_buffer_sync");
   auto config = [](const std::string& out, bool async) {
-    return tiny_config({"train.steps=5", "train.keep_checkpoints=3", "train.out_dir=\"" + out + "\"",
-                        std::string("train.ckpt_async=") + (async ? "true" : "false"), "faults.kind=\"slow_storage\"",
+    return tiny_config({"train.steps=5", "checkpoint.keep=3", "train.out_dir=\"" + out + "\"",
+                        std::string("checkpoint.async=") + (async ? "true" : "false"), "faults.kind=\"slow_storage\"",
                         "faults.step=2", "faults.seconds=0.3"});
   };
   Config ca = config(a.path(), true), cb = config(b.path(), false);
@@ -330,8 +330,8 @@ TEST(Checkpoint, FailedSaveKeepsTrainingAndTheLastGoodCheckpoint) {
   ScratchDir dir("failed_save");
   // Synchronous saves: the failed one has ended when the next begins, so its leftovers are the
   // next one's to remove (an asynchronous writer still failing is left alone by that cleanup).
-  Config c = tiny_config({"train.steps=4", "train.ckpt_every=2", "train.out_dir=\"" + dir.path() + "\"",
-                          "faults.kind=\"disk_full\"", "faults.step=2", "train.ckpt_async=false"});
+  Config c = tiny_config({"train.steps=4", "checkpoint.every=2", "train.out_dir=\"" + dir.path() + "\"",
+                          "faults.kind=\"disk_full\"", "faults.step=2", "checkpoint.async=false"});
   Trainer t(c, synthetic(c), null_text(c));
   t.fit(-1, false);
   EXPECT_EQ(checkpoint_candidates(dir.path()), std::vector<std::string>{dir / "checkpoints/step_00000004"});
@@ -339,14 +339,14 @@ TEST(Checkpoint, FailedSaveKeepsTrainingAndTheLastGoodCheckpoint) {
       << "the next save removes what the failed one left";
   // Too many failures in a row stop the run, naming what to do.
   ScratchDir full("failed_saves");
-  Config d = tiny_config({"train.steps=2", "train.out_dir=\"" + full.path() + "\"", "train.ckpt_failures_max=1",
+  Config d = tiny_config({"train.steps=2", "train.out_dir=\"" + full.path() + "\"", "checkpoint.failures_max=1",
                           "faults.kind=\"io_error\"", "faults.step=2"});
   Trainer u(d, synthetic(d), null_text(d));
   try {
     u.fit(-1, false);
     ADD_FAILURE() << "a run whose saves fail must stop";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("train.ckpt_failures_max"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checkpoint.failures_max"), std::string::npos) << e.what();
   }
 }
 
@@ -354,8 +354,8 @@ TEST(Checkpoint, TimeBasedSavesComeByTheClock) {
   // No step interval, a save every 0.005 minutes (0.3 s), steps made 0.2 s slower (fault
   // injection): saves come every second step or so, beside the final one.
   ScratchDir dir("time_saves");
-  Config c = tiny_config({"train.steps=8", "train.ckpt_every=0", "train.ckpt_every_minutes=0.005",
-                          "train.keep_checkpoints=20", "train.out_dir=\"" + dir.path() + "\"",
+  Config c = tiny_config({"train.steps=8", "checkpoint.every=0", "checkpoint.every_minutes=0.005",
+                          "checkpoint.keep=20", "train.out_dir=\"" + dir.path() + "\"",
                           "faults.kind=\"slow\"", "faults.step=1", "faults.seconds=0.2"});
   Trainer t(c, synthetic(c), null_text(c));
   t.fit(-1, false);

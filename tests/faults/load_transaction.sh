@@ -29,7 +29,7 @@ MPIRUN=$(command -v mpirun || true)
 ARGS="train --set model.dim=32 model.ffn_dim=64 model.heads=2 model.layers=2 model.in_channels=4 model.patch=[1,2,2]
  model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic data.latent_frames=2
  data.latent_height=4 data.latent_width=4 train.batch_size=4 train.threads=1 train.log_every=1 train.steps=8
- train.ckpt_every=2 train.keep_checkpoints=3 train.stall_timeout_s=20"
+ checkpoint.every=2 checkpoint.keep=3 train.stall_timeout_s=20"
 ARGS=$(echo $ARGS)
 FAILED=0
 ok() { echo "load_transaction: ok: $*"; }

@@ -24,7 +24,7 @@ OUT=$(mktemp -d)
 ARGS="model.dim=32 model.ffn_dim=64 model.heads=2 model.layers=2 model.in_channels=4 model.patch=[1,2,2] \
 model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic data.latent_frames=2 \
 data.latent_height=4 data.latent_width=4 train.batch_size=12 train.threads=1 train.steps=12 train.log_every=1 \
-train.ckpt_every=2 train.exclude_after_crashes=1 train.stall_min_s=10 train.stall_steps=5"
+checkpoint.every=2 train.exclude_after_crashes=1 train.stall_min_s=10 train.stall_steps=5"
 
 # launch NAME ATTEMPT HOST...: rank r on the r-th host given; rank 0's output in $OUT/NAME.a<ATTEMPT>.0
 launch() {

@@ -67,12 +67,12 @@ if [ -z "$PYTHON" ]; then
 fi
 
 STEPS=8
-EVERY=2  # train.ckpt_every
+EVERY=2  # checkpoint.every
 # 8 steps of a tiny model on 2 ranks (FSDP: checkpoints in two parts), a checkpoint every 2.
 ARGS="train --set model.dim=32 model.ffn_dim=64 model.heads=2 model.layers=2 model.in_channels=4 model.patch=[1,2,2]
  model.out_channels=4 model.text_dim=8 model.text_len=4 model.freq_dim=16 data.source=synthetic data.latent_frames=2
  data.latent_height=4 data.latent_width=4 train.batch_size=4 train.threads=1 train.log_every=1 train.steps=$STEPS
- train.ckpt_every=$EVERY train.keep_checkpoints=3 parallel.shard=2 train.stall_timeout_s=10"
+ checkpoint.every=$EVERY checkpoint.keep=3 parallel.shard=2 train.stall_timeout_s=10"
 ARGS=$(echo $ARGS)
 ATTEMPT_LIMIT_S=120  # one attempt's wall-clock limit (timeout)
 
@@ -593,6 +593,12 @@ run_case io_error_in_save --args "faults.kind=io_error faults.step=4 faults.rank
   --note "fsync fails (EIO on rank 0), training goes on"
 run_case slow_storage --args "faults.kind=slow_storage faults.step=4 faults.rank=1 faults.seconds=1" --exits 0 \
   --fired "0 1 fault injection: storage is slow \(1\.0 s more per file\)" --note "see below"
+run_case storage_hangs --args "faults.kind=slow_storage faults.step=4 faults.rank=1 faults.seconds=4 checkpoint.timeout_s=1" \
+  --exits 2,0 --lost $((STEPS - EVERY)) --bound 60 \
+  --fired "0 1 fault injection: storage is slow \(4\.0 s more per file\)" \
+  --says "0 0 a rank's checkpoint write did not end within checkpoint\.timeout_s \(1 s\)" \
+  --resumes "1 2" \
+  --note "rank 1's write of step 4 outlasts checkpoint.timeout_s: every rank stops, the next attempt resumes"
 run_case newest_corrupted --args "faults.kind=kill faults.step=7 faults.rank=1" --exits 137,0 --lost $((2 * EVERY + 1)) \
   --between flip_between --fired "0 1 fault injection: rank 1 kills itself \(SIGKILL\) after step 7$" \
   --fired "1 - harness: flipped 4096 bytes at offset [0-9]+ of .*/step_00000006/model\." \

@@ -1,4 +1,4 @@
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -102,12 +102,6 @@ std::string checksum(const at::Tensor& t) {
   return hex64(XXH3_64bits(c.data_ptr(), size_t(c.numel()) * c.element_size()));
 }
 
-std::string sums_name(int64_t index, int64_t count) {
-  char name[64];
-  std::snprintf(name, sizeof name, "sums.part-%05lld-of-%05lld.json", (long long)index, (long long)count);
-  return name;
-}
-
 // Writes `tensors` to `path` and fsyncs it; returns where the tensors' bytes begin.
 uint64_t write_file(Storage& storage, const std::string& path, const TensorMap& tensors) {
   std::unique_ptr<WritableFile> f = storage.create(path);
@@ -165,18 +159,24 @@ nlohmann::json verify_file(const std::string& path, const TensorMap& tensors, ui
   return {{"bytes", size}, {"tensors", sums}};
 }
 
-std::string failed_name(int64_t index, int64_t count) {
-  char name[64];
-  std::snprintf(name, sizeof name, "failed.part-%05lld-of-%05lld.txt", (long long)index, (long long)count);
-  return name;
-}
+std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
-bool is_committed(const fs::path& dir) {
-  const std::string n = dir.filename().string();
-  return n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos && fs::exists(dir / "meta.json");
+// `name` in `root` is a committed checkpoint: step_N, with its meta.json (written last).
+bool is_committed(Storage& storage, const std::string& root, const std::string& name) {
+  return name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
+         storage.exists(join(join(root, name), "meta.json"));
 }
 
 int64_t step_of(const fs::path& dir) { return std::stoll(dir.filename().string().substr(5)); }
+
+// The committed checkpoints in `root` (names), oldest first.
+std::vector<std::string> committed(Storage& storage, const std::string& root) {
+  std::vector<std::string> out;
+  for (const std::string& n : storage.list(root))
+    if (is_committed(storage, root, n)) out.push_back(n);
+  std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) { return step_of(a) < step_of(b); });
+  return out;
+}
 
 }  // namespace
 
@@ -192,21 +192,43 @@ std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& 
   // stale, but those of the saves still being written.
   std::set<std::string> keep;
   for (int64_t s : writing) keep.insert(step_name(s) + ".tmp");
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp" &&
-        !keep.count(n))
-      storage.remove_all(e.path().string());
-  }
+  for (const std::string& n : storage.list(root.string()))
+    if (n.rfind("step_", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp" && !keep.count(n))
+      storage.remove_all(join(root.string(), n));
   fs::path tmp = checkpoint_tmp_dir(out_dir, step);
   storage.create_dirs(tmp.string());
   return tmp.string();
 }
 
-uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& s, bool has_ema, Storage& storage) {
+uint64_t PartRecord::bytes() const {
+  uint64_t n = 0;
+  for (const auto& [file, f] : files) n += f.bytes;
+  return n;
+}
+
+std::string PartRecord::to_json() const {
+  nlohmann::json files_json = nlohmann::json::object();
+  for (const auto& [file, f] : files) files_json[file] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
+  return nlohmann::json{{"index", index}, {"files", files_json}}.dump();
+}
+
+PartRecord PartRecord::from_json(const std::string& text) {
+  PartRecord r;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    r.index = j.at("index").get<int64_t>();
+    for (const auto& [file, f] : j.at("files").items())
+      r.files[file] = {f.at("bytes").get<uint64_t>(), f.at("tensors").get<std::map<std::string, std::string>>()};
+  } catch (const nlohmann::json::exception& e) {
+    fail("a checkpoint part's record is malformed: ", e.what());
+  }
+  return r;
+}
+
+PartRecord write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& s, bool has_ema, Storage& storage) {
   fs::path tmp(tmp_dir);
-  nlohmann::json files = nlohmann::json::object();
-  uint64_t bytes = 0;
+  PartRecord record;
+  record.index = s.part.index;
   // The files one after another, the largest first; each one is read back and verified on a
   // second thread while the next is written, so the disk never waits for a verification and
   // only the last (smallest) file's read-back is not hidden.
@@ -216,8 +238,9 @@ uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState
   std::string verifying_file;
   auto collect = [&] {
     if (!verifying.valid()) return;
-    files[verifying_file] = verifying.get();  // rethrows what the verification threw
-    bytes += files[verifying_file].at("bytes").get<uint64_t>();
+    const nlohmann::json entry = verifying.get();  // rethrows what the verification threw
+    record.files[verifying_file] = {entry.at("bytes").get<uint64_t>(),
+                                    entry.at("tensors").get<std::map<std::string, std::string>>()};
   };
   for (const auto& [what, m] : todo) {
     const std::string file = part_name(what.c_str(), s.part.index, s.part.count()), path = (tmp / file).string();
@@ -229,22 +252,11 @@ uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState
     });
   }
   collect();
-  // This part's entries of the manifest: written last, so its presence means the part is done.
-  storage.write_atomic((tmp / sums_name(s.part.index, s.part.count())).string(), files.dump());
-  return bytes;
+  return record;
 }
 
-void fail_checkpoint_part(const std::string& tmp_dir, const CheckpointPart& part, const std::string& why,
-                          Storage& storage) {
-  try {
-    storage.write_atomic((fs::path(tmp_dir) / failed_name(part.index, part.count())).string(), why + "\n");
-  } catch (const std::exception&) {
-    // The storage that failed the part may fail this too: the commit then waits out its time.
-  }
-}
-
-std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep, int64_t keep_every,
-                              Storage& storage, double wait_s) {
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& s, const std::vector<PartRecord>& parts,
+                              int64_t keep, int64_t keep_every, Storage& storage) {
   fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = step_name(s.step);
   fs::path final_dir = root / name, tmp = root / (name + ".tmp");
@@ -259,34 +271,26 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
   meta["layouts"] = layouts;
   meta["parts"] = {{"dims", s.part.dims}, {"degrees", s.part.degrees}};
   // The manifest: every part's files, sizes and tensor checksums, each part verified by its
-  // writer. Committed only when every part is there with the size its writer recorded.
+  // writer and its record handed to the commit (through the ranks' collectives, not the
+  // directory). Committed only when every part is there with the size its writer recorded.
   nlohmann::json manifest = {{"parts", s.part.count()}, {"files", nlohmann::json::object()}};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  // Every part exactly once, each of its files in the directory at the size its writer recorded.
+  std::vector<const PartRecord*> by_index(size_t(s.part.count()), nullptr);
+  for (const PartRecord& p : parts) {
+    if (p.index < 0) continue;  // a rank that writes no part
+    VIDIT_CHECK(p.index < s.part.count(), "checkpoint '", tmp.string(), "': a writer recorded part ", p.index, " of ",
+                s.part.count());
+    VIDIT_CHECK(!by_index[size_t(p.index)], "checkpoint '", tmp.string(), "': part ", p.index, " was recorded twice");
+    by_index[size_t(p.index)] = &p;
+  }
   for (int64_t i = 0; i < s.part.count(); ++i) {
-    const fs::path sums = tmp / sums_name(i, s.part.count()), failed = tmp / failed_name(i, s.part.count());
-    // Parts written by other ranks' writers come when they come: wait for each (or its failure).
-    while (!fs::exists(sums) && !fs::exists(failed) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (fs::exists(failed)) {
-      std::ifstream why(failed);
-      std::string line;
-      std::getline(why, line);
-      fail("checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(), " failed on its writer: ", line);
-    }
-    std::ifstream in(sums);
-    VIDIT_CHECK(in, "checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(), " was not written",
-                wait_s > 0 ? " within train.ckpt_timeout_s (" + std::to_string(int64_t(wait_s)) + " s)" : std::string(),
-                " (no ", sums.filename().string(), "): not committing it");
-    nlohmann::json part;
-    try {
-      in >> part;
-    } catch (const nlohmann::json::exception& e) {
-      fail("checkpoint '", sums.string(), "' is malformed: ", e.what());
-    }
-    for (const auto& [file, entry] : part.items()) {
-      VIDIT_CHECK(fs::exists(tmp / file) && fs::file_size(tmp / file) == entry.at("bytes").get<uintmax_t>(),
-                  "checkpoint '", tmp.string(), "': ", file, " is missing or not the size its writer recorded");
-      manifest["files"][file] = entry;
+    VIDIT_CHECK(by_index[size_t(i)], "checkpoint '", tmp.string(), "': part ", i, " of ", s.part.count(),
+                " has no writer's record: not committing it");
+    for (const auto& [file, f] : by_index[size_t(i)]->files) {
+      const std::string path = (tmp / file).string();
+      VIDIT_CHECK(storage.exists(path) && storage.size(path) == f.bytes, "checkpoint '", tmp.string(), "': ", file,
+                  " is missing or not the size its writer recorded");
+      manifest["files"][file] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
     }
   }
   storage.write_atomic((tmp / "manifest.json").string(), manifest.dump(1));
@@ -294,7 +298,7 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
   // Re-saving a step that exists: the old one stays until the new one is in place.
   const fs::path old = root / (name + ".old");
   storage.remove_all(old.string());
-  if (fs::exists(final_dir)) storage.rename(final_dir.string(), old.string());
+  if (storage.exists(final_dir.string())) storage.rename(final_dir.string(), old.string());
   storage.rename(tmp.string(), final_dir.string());
   storage.sync_dir(root.string());
   storage.write_atomic((root / "latest").string(), name + "\n");
@@ -302,108 +306,107 @@ std::string commit_checkpoint(const std::string& out_dir, const CheckpointState&
 
   // Retention: the newest `keep` committed checkpoints, and every `keep_every`-th step; the one
   // just written is always among them.
-  std::vector<fs::path> all;
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && is_committed(e.path())) all.push_back(e.path());
-  std::sort(all.begin(), all.end());
+  const std::vector<std::string> all = committed(storage, root.string());
   for (size_t i = 0; i + keep < all.size(); ++i)
-    if (all[i] != final_dir && !(keep_every > 0 && step_of(all[i]) % keep_every == 0)) storage.remove_all(all[i].string());
+    if (all[i] != name && !(keep_every > 0 && step_of(all[i]) % keep_every == 0)) storage.remove_all(join(root.string(), all[i]));
   return final_dir.string();
 }
 
 std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s, int64_t keep) {
   VIDIT_CHECK(s.part.count() == 1, "save_checkpoint writes states of one part");
-  write_checkpoint_part(begin_checkpoint(out_dir, s.step, local_storage()), s, !s.ema.empty(), local_storage());
-  return commit_checkpoint(out_dir, s, keep, 0, local_storage(), 0);
+  const PartRecord part = write_checkpoint_part(begin_checkpoint(out_dir, s.step, local_storage()), s, !s.ema.empty(),
+                                                local_storage());
+  return commit_checkpoint(out_dir, s, {part}, keep, 0, local_storage());
 }
 
-std::vector<std::string> checkpoint_candidates(const std::string& out_dir) {
-  const fs::path root = fs::path(out_dir) / "checkpoints";
+std::vector<std::string> checkpoint_candidates(const std::string& out_dir, Storage& storage) {
+  const std::string root = join(out_dir, "checkpoints");
   std::vector<std::string> out;
-  if (!fs::is_directory(root)) return out;
+  const std::vector<std::string> names = storage.list(root);
   // A crash between the commit's two renames (step N saved again: step_N -> step_N.old, then
   // step_N.tmp -> step_N) leaves step_N.old alone: it is the committed step N.
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
+  for (const std::string& n : names) {
     if (n.rfind("step_", 0) != 0 || n.size() < 5 || n.substr(n.size() - 4) != ".old") continue;
-    const fs::path back = root / n.substr(0, n.size() - 4);
-    if (!fs::exists(e.path() / "meta.json") || fs::exists(back / "meta.json")) continue;
-    std::error_code ec;
-    fs::remove_all(back, ec);  // an uncommitted leftover of that name, if any
-    fs::rename(e.path(), back, ec);
-    if (!ec) std::fprintf(stderr, "%s: put back from %s (a save of that step again was cut off between its renames)\n",
-                          back.string().c_str(), n.c_str());
+    const std::string old = join(root, n), back = join(root, n.substr(0, n.size() - 4));
+    if (!storage.exists(join(old, "meta.json")) || storage.exists(join(back, "meta.json"))) continue;
+    try {
+      storage.remove_all(back);  // an uncommitted leftover of that name, if any
+      storage.rename(old, back);
+      std::fprintf(stderr, "%s: put back from %s (a save of that step again was cut off between its renames)\n",
+                   back.c_str(), n.c_str());
+    } catch (const Error&) {
+      // (left as it is: the candidates below are still the committed ones)
+    }
   }
   // Every committed checkpoint (meta.json is written last, after the manifest), newest first.
   // `latest` names the newest too, but is not needed: a missing or stale pointer (a crash
   // between the rename and its update) changes nothing.
-  std::vector<fs::path> all;
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && is_committed(e.path())) all.push_back(e.path());
-  std::sort(all.begin(), all.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
-  for (const auto& d : all) out.push_back(d.string());
+  const std::vector<std::string> all = committed(storage, root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) out.push_back(join(root, *it));
   return out;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
-  const std::vector<std::string> all = checkpoint_candidates(out_dir);
+std::optional<std::string> latest_checkpoint(const std::string& out_dir, Storage& storage) {
+  const std::vector<std::string> all = checkpoint_candidates(out_dir, storage);
   if (all.empty()) return std::nullopt;
   return all[0];
 }
 
-std::vector<std::string> traces_of_checkpoints(const std::string& out_dir) {
-  const fs::path root = fs::path(out_dir) / "checkpoints";
+std::vector<std::string> traces_of_checkpoints(const std::string& out_dir, Storage& storage) {
+  const std::string root = join(out_dir, "checkpoints");
   std::vector<std::string> out;
-  if (!fs::is_directory(root)) return out;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
+  for (const std::string& n : storage.list(root))  // (sorted)
     if (n.rfind("step_", 0) == 0 && (n.find(".corrupt") != std::string::npos || n.find(".old") != std::string::npos))
-      out.push_back(e.path().string());
-  }
-  std::sort(out.begin(), out.end());
+      out.push_back(join(root, n));
   return out;
 }
 
-std::string set_aside_checkpoint(const std::string& dir, const std::string& now_latest, int64_t keep) {
-  fs::path bad = dir + ".corrupt";
-  for (int i = 2; fs::exists(bad); ++i) bad = dir + ".corrupt." + std::to_string(i);
-  fs::rename(dir, bad);
-  const fs::path root = fs::path(dir).parent_path();
-  if (!now_latest.empty()) local_storage().write_atomic((root / "latest").string(), fs::path(now_latest).filename().string() + "\n");
+std::string set_aside_checkpoint(const std::string& dir, const std::string& now_latest, int64_t keep, Storage& storage) {
+  std::string bad = dir + ".corrupt";
+  for (int i = 2; storage.exists(bad); ++i) bad = dir + ".corrupt." + std::to_string(i);
+  storage.rename(dir, bad);
+  const std::string root = fs::path(dir).parent_path().string();
+  if (!now_latest.empty()) storage.write_atomic(join(root, "latest"), fs::path(now_latest).filename().string() + "\n");
   if (keep > 0) {
-    // The newest `keep` set aside stay for inspection (by step, then by when they were set aside).
-    std::vector<std::pair<fs::file_time_type, fs::path>> aside;
-    for (const auto& e : fs::directory_iterator(root))
-      if (e.path().filename().string().find(".corrupt") != std::string::npos)
-        aside.emplace_back(fs::last_write_time(e.path()), e.path());
-    std::sort(aside.begin(), aside.end(), [](const auto& a, const auto& b) {
-      return step_of(a.second) != step_of(b.second) ? step_of(a.second) > step_of(b.second) : a.first > b.first;
-    });
+    // The newest `keep` set aside stay for inspection: by step, then by the order they were set
+    // aside in (step_N.corrupt, step_N.corrupt.2, ...).
+    auto order = [](const std::string& n) {
+      const size_t at = n.find(".corrupt");
+      const std::string more = n.substr(at + 8);
+      return std::make_pair(step_of(n), more.empty() ? int64_t(1) : int64_t(std::atoll(more.c_str() + 1)));
+    };
+    std::vector<std::string> aside;
+    for (const std::string& n : storage.list(root))
+      if (n.rfind("step_", 0) == 0 && n.find(".corrupt") != std::string::npos) aside.push_back(n);
+    std::sort(aside.begin(), aside.end(), [&](const std::string& a, const std::string& b) { return order(a) > order(b); });
     for (size_t i = size_t(keep); i < aside.size(); ++i) {
       std::fprintf(stderr, "removing %s: only the newest %lld checkpoints set aside are kept\n",
-                   aside[i].second.string().c_str(), (long long)keep);
-      std::error_code ec;
-      fs::remove_all(aside[i].second, ec);
+                   join(root, aside[i]).c_str(), (long long)keep);
+      try {
+        storage.remove_all(join(root, aside[i]));
+      } catch (const Error&) {
+        // (it stays; the next set-aside tries again)
+      }
     }
   }
-  return bad.string();
+  return bad;
 }
 
-int64_t seal_checkpoint(const std::string& dir) {
-  VIDIT_CHECK(fs::exists(fs::path(dir) / "meta.json"), "'", dir, "' has no meta.json: not a committed checkpoint");
-  VIDIT_CHECK(!fs::exists(fs::path(dir) / "manifest.json"), "checkpoint '", dir,
+int64_t seal_checkpoint(const std::string& dir, Storage& storage) {
+  VIDIT_CHECK(storage.exists(join(dir, "meta.json")), "'", dir, "' has no meta.json: not a committed checkpoint");
+  VIDIT_CHECK(!storage.exists(join(dir, "manifest.json")), "checkpoint '", dir,
               "' has a manifest already; `vidit checkpoint verify` checks it");
   nlohmann::json manifest = {{"files", nlohmann::json::object()}, {"sealed", true}};
   int64_t tensors = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
+  for (const std::string& name : storage.list(dir)) {
     if (name.size() < 12 || name.substr(name.size() - 12) != ".safetensors") continue;
-    MappedFile f(e.path().string(), "checkpoint file");
+    const std::string path = join(dir, name);
+    const std::unique_ptr<MappedFile> f = storage.map(path, "checkpoint file");
     nlohmann::json sums = nlohmann::json::object();
-    for (const auto& [key, t] : view_safetensors(f.data(), f.size(), e.path().string())) sums[key] = checksum(t), ++tensors;
-    manifest["files"][name] = {{"bytes", f.size()}, {"tensors", sums}};
+    for (const auto& [key, t] : view_safetensors(f->data(), f->size(), path)) sums[key] = checksum(t), ++tensors;
+    manifest["files"][name] = {{"bytes", f->size()}, {"tensors", sums}};
   }
-  local_storage().write_atomic((fs::path(dir) / "manifest.json").string(), manifest.dump(1));
+  storage.write_atomic(join(dir, "manifest.json"), manifest.dump(1));
   return tensors;
 }
 
@@ -521,7 +524,7 @@ void CheckpointReader::open(Storage& storage) {
   });
   // Every tensor read is verified against the manifest; a checkpoint without one is not loaded
   // unchecked. This format always commits one (before meta.json): without it, it was lost.
-  if (!fs::exists(d / "manifest.json")) {
+  if (!storage.exists((d / "manifest.json").string())) {
     if (version >= 2)
       throw CheckpointCorrupt("checkpoint '" + dir + "' has no manifest.json (every checkpoint of format " +
                                   std::to_string(version) + " is committed with one: it was removed or lost), so "
@@ -546,18 +549,23 @@ void CheckpointReader::open(Storage& storage) {
     }
   });
   for (const auto& [file, bytes] : sizes_) {
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(d / file, ec);
-    if (ec && ec != std::errc::no_such_file_or_directory)
-      throw CheckpointUnreadable("checkpoint '" + dir + "': " + file + " cannot be read: " + ec.message(), ec.value());
-    if (ec || size != bytes)
+    uint64_t size = 0;
+    bool missing = false;
+    try {
+      size = storage.size((d / file).string());
+    } catch (const SystemError& e) {
+      if (e.code() != ENOENT)
+        throw CheckpointUnreadable("checkpoint '" + dir + "': " + file + " cannot be read: " + e.what(), e.code());
+      missing = true;
+    }
+    if (missing || size != bytes)
       throw CheckpointCorrupt("checkpoint '" + dir + "': " + file +
-                                  (ec ? std::string(" is missing") : " has " + std::to_string(size) + " bytes, the manifest says " +
-                                                                       std::to_string(bytes) + " (truncated or overwritten)"),
+                                  (missing ? std::string(" is missing") : " has " + std::to_string(size) + " bytes, the manifest says " +
+                                                                            std::to_string(bytes) + " (truncated or overwritten)"),
                               file);
   }
   for (const char* what : {"model", "ema", "optimizer"}) {
-    if (std::string(what) == "ema" && !fs::exists(d / file_of(what, 0)) && !sizes_.count(file_of(what, 0))) continue;  // saved without EMA
+    if (std::string(what) == "ema" && !storage.exists((d / file_of(what, 0)).string()) && !sizes_.count(file_of(what, 0))) continue;  // saved without EMA
     std::vector<Part>& parts = parts_[what];
     for (int64_t i = 0; i < count; ++i) {
       const fs::path f = d / file_of(what, i);
@@ -565,7 +573,7 @@ void CheckpointReader::open(Storage& storage) {
       if (!sizes_.count(name))
         throw CheckpointCorrupt("checkpoint '" + dir + "' lacks " + name +
                                     (count > 1 ? " (" + std::to_string(count) + " parts expected)" : std::string()) +
-                                    (fs::exists(f) ? ", or its manifest does not list it" : "") +
+                                    (storage.exists(f.string()) ? ", or its manifest does not list it" : "") +
                                     ": it was not saved completely or was damaged since",
                                 name);
       Part p;

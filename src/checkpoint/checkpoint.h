@@ -4,9 +4,10 @@
 // optimizer.safetensors also holds the RNG state ("rng/train").
 //
 // Trust: every writer writes its files (fsync'd) into step_N.tmp/, reads each back and checks
-// every tensor against a checksum (xxHash3-64) of what it meant to write, then records the
-// files' sizes and checksums in sums.part-*.json. The commit checks that every part is there at
-// the recorded size, writes manifest.json (all of them) and meta.json (last: a directory with
+// every tensor against a checksum (xxHash3-64) of what it meant to write, and records the
+// files' sizes and checksums (PartRecord), which reach the committing rank through the ranks'
+// collectives (checkpoint/checkpointer.h), never by watching the directory. The commit checks
+// that every part is there at the recorded size, writes manifest.json (all of them) and meta.json (last: a directory with
 // meta.json is committed), renames the directory into place (a step saved again replaces the old
 // one only once the new one is complete), and only then updates the `latest` pointer. A crash at
 // any point leaves every committed checkpoint intact; stale .tmp directories are removed by the
@@ -38,7 +39,7 @@
 // *.shard-0000k-of-0000S and tensor-parallel parts *.tp-0000t-of-0000T.shard-...) load too: their
 // meta is read as layouts of the same kind.
 // The three steps of a save: rank 0 begin_checkpoint(), a barrier, every writer
-// write_checkpoint_part(), a barrier, rank 0 commit_checkpoint().
+// write_checkpoint_part(), its record to rank 0, rank 0 commit_checkpoint().
 #pragma once
 #include <map>
 #include <memory>
@@ -105,35 +106,51 @@ std::string save_checkpoint(const std::string& out_dir, const CheckpointState& s
 std::string begin_checkpoint(const std::string& out_dir, int64_t step, Storage& storage,
                              const std::vector<int64_t>& writing = {});
 std::string checkpoint_tmp_dir(const std::string& out_dir, int64_t step);  // what begin returns
+// What a writer recorded of its part: each file's size and its tensors' checksums (of the bytes
+// read back), as the commit and the manifest take them. It travels from every writer to the
+// committing rank as text.
+struct FileRecord {
+  uint64_t bytes = 0;
+  std::map<std::string, std::string> tensors;  // key -> xxHash3-64, 16 hex digits
+};
+struct PartRecord {
+  int64_t index = -1;  // the part's number; -1: no part (a rank that writes none)
+  std::map<std::string, FileRecord> files;
+  uint64_t bytes() const;
+  std::string to_json() const;
+  static PartRecord from_json(const std::string& text);  // throws vidit::Error when malformed
+};
 // Writes state.model, optimizer and (with_ema) ema as part state.part.index, each file fsynced,
 // then read back and compared byte for byte (and checked finite) while the next is written; a
-// part may hold no tensor of a kind and is written all the same. Returns the bytes written;
+// part may hold no tensor of a kind and is written all the same. Returns the part's record;
 // throws when a file fails to write or verify, or the state is not finite.
-uint64_t write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema,
-                               Storage& storage);
-// A writer whose part failed says so (best effort), so that the commit stops waiting for it.
-void fail_checkpoint_part(const std::string& tmp_dir, const CheckpointPart& part, const std::string& why,
-                          Storage& storage);
-// Waits up to `wait_s` for every part (written by other ranks' writers, asynchronously), checks
-// them and commits; throws vidit::Error naming the part that failed or never came.
-std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state, int64_t keep,
-                              int64_t keep_every, Storage& storage, double wait_s);
+PartRecord write_checkpoint_part(const std::string& tmp_dir, const CheckpointState& part, bool with_ema,
+                                 Storage& storage);
+// Commits the save of `state.step` from every part's record (one per part index; records of
+// index -1 are skipped): checks each recorded file is in the directory at its recorded size,
+// writes manifest.json and meta.json, renames the directory into place, points `latest` at it,
+// applies retention. Throws vidit::Error naming the part or file that is missing; nothing is
+// committed then.
+std::string commit_checkpoint(const std::string& out_dir, const CheckpointState& state,
+                              const std::vector<PartRecord>& parts, int64_t keep, int64_t keep_every,
+                              Storage& storage);
 // Every committed checkpoint under <out_dir>/checkpoints, newest first (a missing or stale
 // `latest` pointer changes nothing), and the newest, if any. A committed step_N.old whose step_N
 // is gone (a crash between the commit's two renames) is renamed back to step_N first.
-std::vector<std::string> checkpoint_candidates(const std::string& out_dir);
-std::optional<std::string> latest_checkpoint(const std::string& out_dir);
+std::vector<std::string> checkpoint_candidates(const std::string& out_dir, Storage& storage = local_storage());
+std::optional<std::string> latest_checkpoint(const std::string& out_dir, Storage& storage = local_storage());
 // What <out_dir>/checkpoints holds besides committed checkpoints that shows a run saved there:
 // checkpoints set aside (.corrupt), a step_N.old; empty when nothing.
-std::vector<std::string> traces_of_checkpoints(const std::string& out_dir);
+std::vector<std::string> traces_of_checkpoints(const std::string& out_dir, Storage& storage = local_storage());
 // Renames a checkpoint proven corrupt to <dir>.corrupt (<dir>.corrupt.2, ... when that name is
 // taken: an older one is never replaced), kept for inspection and no longer a candidate; keeps
 // the newest `keep` set aside (older ones are removed); points `latest` at `now_latest` (the
 // checkpoint resumed from instead). Returns the new name.
-std::string set_aside_checkpoint(const std::string& dir, const std::string& now_latest = "", int64_t keep = 0);
+std::string set_aside_checkpoint(const std::string& dir, const std::string& now_latest = "", int64_t keep = 0,
+                                 Storage& storage = local_storage());
 // Records a manifest (sizes and checksums) for a first-format checkpoint saved without one, from
 // its files as they are now: the user vouches for them. Returns the number of tensors.
-int64_t seal_checkpoint(const std::string& dir);
+int64_t seal_checkpoint(const std::string& dir, Storage& storage = local_storage());
 // Loads a checkpoint directory whole; throws vidit::Error naming the file on anything missing or bad.
 CheckpointState load_checkpoint(const std::string& dir);
 

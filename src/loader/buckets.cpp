@@ -1,4 +1,4 @@
-#include "video/buckets.h"
+#include "loader/buckets.h"
 
 #include <algorithm>
 #include <cmath>

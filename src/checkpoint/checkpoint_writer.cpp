@@ -1,4 +1,4 @@
-#include "train/checkpoint_writer.h"
+#include "checkpoint/checkpoint_writer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,21 +21,10 @@ SaveReport CheckpointWriter::run(const SaveJob& job) {
   r.step = job.state.step;
   const auto t0 = std::chrono::steady_clock::now();
   Storage& storage = job.storage ? *job.storage : local_storage();
-  const std::string tmp = checkpoint_tmp_dir(job.out_dir, job.state.step);
   try {
-    if (job.write) r.bytes = write_checkpoint_part(tmp, job.state, job.with_ema, storage);
+    if (job.write) r.part = write_checkpoint_part(checkpoint_tmp_dir(job.out_dir, job.state.step), job.state, job.with_ema, storage);
   } catch (const std::exception& e) {
     r.error = e.what();
-    // The commit (rank 0) stops waiting for this part once it reads why.
-    fail_checkpoint_part(tmp, job.state.part, r.error, local_storage());
-  }
-  if (job.commit && r.error.empty()) {
-    try {
-      r.dir = commit_checkpoint(job.out_dir, job.state, job.keep, job.keep_every, storage, job.timeout_s);
-    } catch (const std::exception& e) {
-      r.error = e.what();
-      r.in_commit = true;
-    }
   }
   r.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -43,6 +32,7 @@ SaveReport CheckpointWriter::run(const SaveJob& job) {
 
 void CheckpointWriter::start(SaveJob job, double blocked_s) {
   VIDIT_CHECK(saves_.size() < 2, "two checkpoint saves are already in flight");
+  VIDIT_CHECK(!abandoned_, "the checkpoint writer gave up on a write that did not end; it takes no more saves");
   // Written after the save in flight: one writer at a time on the storage.
   std::shared_future<void> before = saves_.empty() ? std::shared_future<void>() : saves_.back().done;
   auto finished = std::make_shared<std::promise<void>>();
@@ -63,8 +53,16 @@ void CheckpointWriter::start(SaveJob job, double blocked_s) {
   saves_.push_back(std::move(s));
 }
 
-std::optional<SaveReport> CheckpointWriter::wait() {
+std::optional<SaveReport> CheckpointWriter::wait(double timeout_s) {
   if (saves_.empty()) return std::nullopt;
+  if (timeout_s > 0 && saves_.front().done.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+    SaveReport r;
+    r.step = saves_.front().step;
+    r.error = "its part was not written within " + std::to_string(int64_t(timeout_s)) +
+              " s (checkpoint.timeout_s): the storage hangs";
+    abandoned_ = true;  // (the write stays in flight: the destructor still waits for it)
+    return r;
+  }
   Save s = std::move(saves_.front());
   saves_.pop_front();
   s.thread.join();

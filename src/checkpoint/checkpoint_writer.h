@@ -1,16 +1,15 @@
 // Asynchronous checkpoint saves. The trainer pauses only to copy its state into host buffers
 // (pinned when the state is on a GPU; kept and reused from one save to the next); a background
-// thread on each rank then writes that rank's part (checkpoint.h: write_checkpoint_part) and
-// fsyncs it while training goes on, and rank 0's thread waits, on the file system, for every
-// part and commits the checkpoint. Nothing of this uses the ranks' communicator, so a save
-// never counts against a collective's timeout. A save that comes while the previous one is still
-// being written snapshots into a second set of host buffers and is written right after it
-// (double buffering), so training does not wait for the previous write unless a third comes. A state that is not finite is never saved: the
+// thread on each rank then writes that rank's part (checkpoint.h: write_checkpoint_part),
+// fsyncs and verifies it while training goes on, and keeps the part's record. Nothing here uses
+// the ranks' communicator, so a write never counts against a collective's timeout: the
+// Checkpointer (checkpointer.h) gathers the records and commits once every rank's writer is done.
+// A save that comes while the previous one is still being written snapshots into a second set
+// of host buffers and is written right after it (double buffering), so training does not wait
+// for the previous write unless a third comes. A state that is not finite is never saved: the
 // verification of each file (checkpoint.h) fails the part, so the save, when a tensor is not.
 // Each file is verified on a second thread while the next one is written, so the disk writes
-// without pause. One save is in flight at a time: the next one
-// (and the end of the run) first waits for it, and all ranks then agree, with one collective,
-// on whether it committed.
+// without pause.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -22,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 
@@ -33,23 +32,18 @@ struct SaveJob {
   std::string out_dir;
   CheckpointState state;  // this rank's part, in host buffers nobody changes until the save ends
   bool write = false;     // this rank writes a part
-  bool commit = false;    // rank 0: wait for every part and commit
   int rank = 0;           // named in messages
   bool with_ema = false;
-  int64_t keep = 2, keep_every = 0;
-  double timeout_s = 1800;  // how long the commit waits for the other parts
   Storage* storage = nullptr;
 };
 
 // What came of it on this rank.
 struct SaveReport {
   int64_t step = -1;
-  std::string dir;     // the committed directory (rank 0)
-  std::string error;   // empty: this rank's share succeeded
-  bool in_commit = false;  // the error came from the commit (another part), not this rank's write
+  PartRecord part;      // what this rank wrote (index -1: no part)
+  std::string error;    // empty: this rank's share succeeded
   double blocked_s = 0;  // training paused for the snapshot (and the wait for the previous save)
-  double write_s = 0;    // the background thread's time: write, verify, (rank 0) wait and commit
-  uint64_t bytes = 0;    // written by this rank
+  double write_s = 0;    // the background thread's time: write and verify
 };
 
 class CheckpointWriter {
@@ -63,8 +57,11 @@ class CheckpointWriter {
   void start(SaveJob job, double blocked_s);
   // Writes `job` on the calling thread.
   static SaveReport run(const SaveJob& job);
-  // Waits for the oldest save in flight, if any, and returns what came of it.
-  std::optional<SaveReport> wait();
+  // Waits for the oldest save in flight, if any, and returns what came of it. With `timeout_s`
+  // > 0, a write that has not ended by then is reported as this rank's failure; the writer
+  // takes no more saves then (the run stops: checkpointer.h), and its destructor still waits
+  // for the write (a storage that never returns is the watchdog's to end).
+  std::optional<SaveReport> wait(double timeout_s = 0);
   // Saves started and not yet waited for, and their steps (oldest first).
   int in_flight() const { return int(saves_.size()); }
   std::vector<int64_t> steps() const;
@@ -79,6 +76,7 @@ class CheckpointWriter {
     std::shared_future<void> done;
   };
   std::deque<Save> saves_;
+  bool abandoned_ = false;
 };
 
 // Copies `from` into `buffers` (same keys; a buffer is made, pinned for GPU tensors, only when

@@ -1,5 +1,5 @@
 // Bucket construction, assignment and the resize + centre crop.
-#include "video/buckets.h"
+#include "loader/buckets.h"
 
 #include <gtest/gtest.h>
 

@@ -163,6 +163,7 @@ std::optional<SaveOutcome> Checkpointer::finish_oldest() {
   const bool part_failed = all.select(1, 1).max().item<double>() > 0;
   std::string error = done ? done->error : "";
   int bad_rank = part_failed ? int(all.select(1, 1).argmax().item<int64_t>()) : 0;
+  if (part_failed) error = all_gather_text(*mesh_->world(), error)[size_t(bad_rank)];  // its reason, everywhere
   if (!part_failed) {
     // (2) The parts' records to rank 0, which commits; (3) its result to every rank.
     const std::vector<std::string> texts = all_gather_text(*mesh_->world(), done ? done->part.to_json() : "");

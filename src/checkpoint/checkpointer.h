@@ -13,7 +13,8 @@
 //                  buffers) then finishes at once (below).
 //   finish_oldest  (1) an all-gather of each rank's outcome of its oldest save: in flight, its
 //                  failure (none / its write failed / its write did not end within
-//                  checkpoint.timeout_s), bytes, seconds; (2) when every part was written, an
+//                  checkpoint.timeout_s), bytes, seconds; when a write failed, an all-gather
+//                  of the failed rank's reason (sizes, then bytes); (2) when every part was written, an
 //                  all-gather of the sizes, then of the bytes, of every writer's part record
 //                  (file sizes and tensor checksums) to rank 0, which commits; (3) a broadcast
 //                  of the commit's result from rank 0. A rank without a save in flight takes

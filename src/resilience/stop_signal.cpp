@@ -46,6 +46,10 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // collectives and file writes in progress carry on
   for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+  // A peer that died (its sockets closed) is an error of the collective that wrote to it
+  // (EPIPE), not this process killed by SIGPIPE: the launcher then names the rank that failed
+  // first, not the survivor that wrote to it.
+  std::signal(SIGPIPE, SIG_IGN);
 }
 
 bool stop_requested() { return g_stop.load(); }

@@ -2,7 +2,7 @@
 // SIGUSR1 (Slurm's `--signal=USR1@<seconds>` before the time limit) and SIGINT (Ctrl-C) only set
 // a flag; the trainer looks at it after every step (agreed by all ranks), saves a checkpoint and
 // returns, and `vidit train` exits with kRestartStatus: "stopped cleanly, restart me". A second
-// SIGINT ends the process at once.
+// SIGINT ends the process at once. SIGPIPE is ignored (a dead peer is the collective's error).
 #pragma once
 #include <string>
 

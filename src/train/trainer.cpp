@@ -38,7 +38,9 @@
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "checkpoint/checkpoint.h"
+#include "train/run_control.h"
 #include "train/run_weights.h"
+#include "train/step_windows.h"
 
 namespace vidit {
 
@@ -486,130 +488,37 @@ void Trainer::open_tensorboard(bool after_rollback) {
   if (step_ == 0) tb_->add_text("config", 1, "```toml\n" + config_to_toml(cfg_) + "```");
 }
 
+// fit() on one screen; what it calls is below it, in the order it calls them.
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
   console_ = console;
   ckpt_->set_console(console);
-  const int64_t total = cfg_.train.steps;
-  const int64_t until = until_step < 0 ? total : std::min(until_step, total);
-  std::unique_ptr<MetricsLogger> logger;
-  if (is_lead()) {
-    std::filesystem::create_directories(cfg_.train.out_dir);
-    // A start from step 0 over an earlier attempt's metrics (one that died before its first
-    // checkpoint) keeps them beside the new file rather than overwriting them.
-    const std::string metrics = cfg_.train.out_dir + "/metrics.jsonl";
-    std::error_code ec;
-    if (step_ == 0 && std::filesystem::file_size(metrics, ec) > 0 && !ec) {
-      const std::string kept = metrics + ".before-" + std::to_string(std::time(nullptr));
-      std::filesystem::rename(metrics, kept, ec);
-      if (!ec && console) std::printf("starting from step 0: the earlier %s is kept as %s\n", metrics.c_str(), kept.c_str());
-    }
-    logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", /*append=*/step_ > 0, console, step_);
-    open_tensorboard(false);
-  }
-  std::vector<double> losses;
-  std::map<std::string, std::pair<double, int64_t>> bucket_losses;  // since the last log line
-  // Heartbeats for the watchdog's report of a hang: which ranks did not arrive.
-  {
-    std::shared_ptr<const Mesh> mesh = mesh_;
-    std::function<void(const std::string&)> on_stall;
-    if (is_lead()) on_stall = [this](const std::string& report) { events().write("hang", step_, {{"report", report}}); };
-    watchdog_->report_to(cfg_.train.out_dir + "/heartbeats", mesh_->size(), [mesh] { return mesh->collectives_issued(); },
-                         [mesh] { return mesh->blocked_s(); }, std::move(on_stall));
-  }
-  std::vector<double> step_times;
-  // The trace skips the run's first step (allocations, first gathers) and records the next ones.
-  const int64_t trace_from = step_ + 1, trace_to = trace_from + cfg_.train.trace_steps;
-  auto finish_trace = [&] {
-    if (!trace::on()) return;
-    trace::stop();
-    const int rank = mesh_->rank();
-    const std::string path = cfg_.train.out_dir + "/trace/rank" + std::to_string(rank) + ".json";
-    const size_t n = trace::write(path);
-    if (console && is_lead())
-      std::printf("trace of steps %lld-%lld: %zu events in %s (one file per rank; open in ui.perfetto.dev)\n",
-                  (long long)trace_from + 1, (long long)step_, n, path.c_str());
-  };
-  // LibTorch's profiler over train.profile_steps steps, the first left out too (diagnose/profile.h).
-  const int64_t profile_from = step_ + 1, profile_to = profile_from + cfg_.train.profile_steps;
-  std::unique_ptr<KinetoProfile> profile;
-  auto finish_profile = [&] {
-    if (!profile) return;
-    const std::string dir = cfg_.train.out_dir + "/profile", rank = std::to_string(mesh_->rank());
-    const ProfileSummary s = profile->stop(dir + "/rank" + rank + ".json");
-    profile.reset();
-    std::ofstream(dir + "/summary_rank" + rank + ".json") << profile_summary_json(s, profile_from + 1, step_) << "\n";
-    if (console && is_lead())
-      std::printf("profile of steps %lld-%lld (rank 0, %.3f s): host %s%s%s; trace in %s/rank%s.json (one per rank; "
-                  "ui.perfetto.dev)\n",
-                  (long long)profile_from + 1, (long long)step_, s.window_s, s.format(false).c_str(),
-                  s.has_device() ? "; GPU " : "", s.has_device() ? s.format(true).c_str() : "", dir.c_str(),
-                  rank.c_str());
-  };
+  const int64_t until = until_step < 0 ? cfg_.train.steps : std::min(until_step, cfg_.train.steps);
+  open_sinks(/*after_rollback=*/false);
+  watch_heartbeats();
+  StepWindows windows(step_, cfg_.train.trace_steps, cfg_.train.profile_steps, cfg_.train.out_dir, mesh_->rank(),
+                      device_.is_cuda(), console && is_lead());
+  const int64_t first_step = step_;
+  std::vector<double> losses, step_times;
+  BucketLosses since_log;  // this rank's micro-batches by bucket since the last logged step
   while (step_ < until) {
-    if (cfg_.train.trace_steps > 0 && step_ == trace_from)
-      trace::start(mesh_->rank(), "rank " + std::to_string(mesh_->rank()));
-    if (cfg_.train.profile_steps > 0 && step_ == profile_from)
-      profile = std::make_unique<KinetoProfile>(device_.is_cuda(), /*memory=*/true);
-    StepResult r = step();
+    windows.before_step(step_);
+    const StepResult r = step();
     losses.push_back(r.loss);
     VIDIT_CHECK(std::isfinite(r.loss) || r.skipped, "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
-    if (r.skipped && is_lead() && console && !r.spike)
-      std::printf("step %lld: the gradient norm is not finite (%g); the update was skipped (%lld in a row)\n",
-                  (long long)r.step, r.grad_norm, (long long)skipped_in_a_row_);
-    if (r.skipped)
-      events().write("skipped_update", r.step, {{"why", r.spike ? "spike" : "non-finite gradient norm"},
-                                                {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
-                                                {"in_a_row", skipped_in_a_row_}});
+    report_skipped(r);
     // spike_response.cpp: back to the newest good checkpoint, and on from there.
     if (r.rollback && roll_back(r.step)) {
-      if (logger) logger = std::make_unique<MetricsLogger>(cfg_.train.out_dir + "/metrics.jsonl", true, console, step_);
-      if (tb_) open_tensorboard(/*after_rollback=*/true);
+      open_sinks(/*after_rollback=*/true);
       continue;
     }
-    for (const auto& [bucket, sum] : r.bucket_losses) {
-      auto& b = bucket_losses[bucket];
-      b.first += sum.first, b.second += sum.second;
-    }
-    if (r.step % cfg_.train.log_every == 0 || r.step == until) {
-      StepMetrics m;
-      m.step = r.step, m.total_steps = total, m.loss = r.loss, m.grad_norm = r.grad_norm, m.lr = r.lr;
-      m.step_seconds = r.seconds, m.samples_per_s = double(r.samples) / r.seconds;
-      m.tokens_per_s = double(r.tokens) / r.seconds, m.tflops = r.flops / r.seconds / 1e12;
-      m.comm_wait_s = mesh_->world()->backend() == "single" ? -1 : r.comm_wait_s;  // alone: nothing to wait for
-      m.data_wait_s = r.data_wait_s;
-      if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());
-      find_slowest(r, m);  // collective: every rank logs the same steps
-      if (logger) logger->log(m);
-      if (tb_) {
-        tb_->add_step_metrics(m);
-        tb_->add_histogram("train/sample_loss", r.step, r.sample_losses);
-        // Rank 0's micro-batches since the last log line, by bucket; the memory its tensors hold.
-        for (const auto& [bucket, sum] : bucket_losses)
-          tb_->add_scalar("train/loss_by_bucket/" + bucket, r.step, sum.first / double(sum.second));
-        tb_->add_scalar("memory/host_heap_gib", r.step, double(host_heap_bytes()) / double(1ll << 30));
-        if (device_.is_cuda()) {
-          const int gpu = std::max<int>(0, device_.index());
-          tb_->add_scalar("memory/device_peak_gib", r.step, double(cuda_peak_allocated_bytes(gpu)) / double(1ll << 30));
-          cuda_reset_peak_memory(gpu);
-        }
-      }
-      bucket_losses.clear();
-    }
-    if (tb_ && (r.skipped || r.spike)) {
-      tb_->add_scalar("health/skipped_update", r.step, r.skipped ? 1 : 0);
-      tb_->add_scalar("health/spike_loss_z", r.step, r.loss_z);
-    }
-    if (step_ == trace_to) finish_trace();
-    if (step_ == profile_to) finish_profile();
-    // The watchdog's step-based limit follows the median step (the run's first step, with its
-    // allocations, left out).
-    if (r.step > trace_from) {
-      step_times.push_back(r.seconds);
-      std::vector<double> recent(step_times.end() - std::min<ptrdiff_t>(ptrdiff_t(step_times.size()), 50), step_times.end());
-      std::nth_element(recent.begin(), recent.begin() + ptrdiff_t(recent.size() / 2), recent.end());
-      watchdog_->expect_step_s(recent[recent.size() / 2]);
-    }
+    for (const auto& [bucket, sum] : r.bucket_losses)
+      since_log[bucket].first += sum.first, since_log[bucket].second += sum.second;
+    if (r.step % cfg_.train.log_every == 0 || r.step == until) log_step(r, since_log);  // collective
+    if (r.skipped || r.spike)
+      for (auto& sink : sinks_) sink->health(r.step, r.skipped, r.loss_z);
+    windows.after_step(step_);
+    pace_watchdog(r, first_step, step_times);
     if (after_step) {
       watchdog_->beat("evaluating", step_, /*adaptive=*/false);
       after_step(r);
@@ -618,37 +527,115 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (faults_.process_fault_after(r.step) && ckpt_->in_flight() > 0) finish_save();  // the same on all ranks
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
     if (cfg_.train.replica_check_every > 0 && r.step % cfg_.train.replica_check_every == 0) check_replicas_or_stop();
-    // Agreed by all ranks after every step, in one collective: a stop asked for by a signal on
-    // any rank (resilience/stop_signal.h: save below and return), and a save that is due, by
-    // the step count or by rank 0's clock (checkpoint.every_minutes).
-    const double minutes = cfg_.checkpoint.every_minutes;
-    const bool time_due = is_lead() && minutes > 0 && ckpt_->seconds_since_save() >= minutes * 60;
-    // And whether a save is still being written on some rank: once none is, it is finished
-    // (and reported) at once rather than at the next save.
-    const bool writing = ckpt_->writing();
-    at::Tensor flags = at::tensor({stop_requested() ? 1.0 : 0.0, time_due ? 1.0 : 0.0, writing ? 1.0 : 0.0}, at::kDouble);
-    mesh_->world()->all_reduce(flags, ReduceOp::Max)->wait();
-    if (ckpt_->in_flight() > 0 && flags[2].item<double>() == 0) finish_save();
-    if (flags[0].item<double>() > 0) {
-      stopped_ = true;
-      if (is_lead())
-        std::printf("stop requested (signal %d%s) after step %lld: saving a checkpoint and exiting\n", stop_signal(),
-                    stop_signal() ? "" : " on another rank", (long long)step_);
+    // What every rank does next, agreed in one collective (train/run_control.h).
+    const AfterStepDecision next = agree_after_step(*mesh_->world(), after_step_view());
+    if (ckpt_->in_flight() > 0 && next.saves_written) finish_save();  // committed and reported at once
+    if (next.stop) {
+      stop_for_signal();
       break;
     }
     const bool step_due = cfg_.checkpoint.every > 0 && r.step % cfg_.checkpoint.every == 0;
-    if ((step_due || flags[1].item<double>() > 0) && r.step != until) {
+    if ((step_due || next.save_due) && r.step != until) {
       if (tb_) tb_->flush();  // what a checkpoint holds is in the event file: a restart leaves no gap
       start_save();
     }
   }
-  finish_trace();
-  finish_profile();
-  // The last save is waited for: the run ends with its state committed.
-  save();
+  windows.finish();
+  save();  // the run ends with its state committed
   summarize_communication();
   if (tb_) tb_->flush();
   return losses;
+}
+
+// Rank 0's sinks (train/metric_sinks.h): metrics.jsonl and the console line, and TensorBoard.
+// A start from step 0 over an earlier attempt's metrics (one that died before its first
+// checkpoint) keeps them beside the new file rather than overwriting them; a resumed run, or a
+// rollback, continues the file from its step.
+void Trainer::open_sinks(bool after_rollback) {
+  sinks_.clear();
+  if (!is_lead()) return;
+  std::filesystem::create_directories(cfg_.train.out_dir);
+  const std::string metrics = cfg_.train.out_dir + "/metrics.jsonl";
+  std::error_code ec;
+  if (!after_rollback && step_ == 0 && std::filesystem::file_size(metrics, ec) > 0 && !ec) {
+    const std::string kept = metrics + ".before-" + std::to_string(std::time(nullptr));
+    std::filesystem::rename(metrics, kept, ec);
+    if (!ec && console_) std::printf("starting from step 0: the earlier %s is kept as %s\n", metrics.c_str(), kept.c_str());
+  }
+  sinks_.push_back(std::make_unique<MetricsFileSink>(
+      std::make_unique<MetricsLogger>(metrics, /*append=*/step_ > 0 || after_rollback, console_, step_)));
+  open_tensorboard(after_rollback);
+  if (tb_) sinks_.push_back(std::make_unique<TensorBoardSink>(*tb_));
+}
+
+// Heartbeats for the watchdog's report of a hang: which ranks did not arrive.
+void Trainer::watch_heartbeats() {
+  std::shared_ptr<const Mesh> mesh = mesh_;
+  std::function<void(const std::string&)> on_stall;
+  if (is_lead()) on_stall = [this](const std::string& report) { events().write("hang", step_, {{"report", report}}); };
+  watchdog_->report_to(cfg_.train.out_dir + "/heartbeats", mesh_->size(), [mesh] { return mesh->collectives_issued(); },
+                       [mesh] { return mesh->blocked_s(); }, std::move(on_stall));
+}
+
+void Trainer::report_skipped(const StepResult& r) {
+  if (!r.skipped) return;
+  if (is_lead() && console_ && !r.spike)
+    std::printf("step %lld: the gradient norm is not finite (%g); the update was skipped (%lld in a row)\n",
+                (long long)r.step, r.grad_norm, (long long)skipped_in_a_row_);
+  events().write("skipped_update", r.step, {{"why", r.spike ? "spike" : "non-finite gradient norm"},
+                                            {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
+                                            {"in_a_row", skipped_in_a_row_}});
+}
+
+// A logged step: its metrics (the slowest rank found by a collective, so every rank comes here on
+// the same steps), handed to rank 0's sinks.
+void Trainer::log_step(const StepResult& r, BucketLosses& since_log) {
+  LoggedStep l;
+  StepMetrics& m = l.metrics;
+  m.step = r.step, m.total_steps = cfg_.train.steps, m.loss = r.loss, m.grad_norm = r.grad_norm, m.lr = r.lr;
+  m.step_seconds = r.seconds, m.samples_per_s = double(r.samples) / r.seconds;
+  m.tokens_per_s = double(r.tokens) / r.seconds, m.tflops = r.flops / r.seconds / 1e12;
+  m.comm_wait_s = mesh_->world()->backend() == "single" ? -1 : r.comm_wait_s;  // alone: nothing to wait for
+  m.data_wait_s = r.data_wait_s;
+  if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());
+  find_slowest(r, m);  // collective
+  if (!sinks_.empty()) {
+    l.sample_losses = r.sample_losses;
+    for (const auto& [bucket, sum] : since_log) l.loss_by_bucket[bucket] = sum.first / double(sum.second);
+    l.host_heap_gib = double(host_heap_bytes()) / double(1ll << 30);
+    if (device_.is_cuda()) {
+      const int gpu = std::max<int>(0, device_.index());
+      l.device_peak_gib = double(cuda_peak_allocated_bytes(gpu)) / double(1ll << 30);
+      cuda_reset_peak_memory(gpu);
+    }
+    for (auto& sink : sinks_) sink->step(l);
+  }
+  since_log.clear();
+}
+
+// The watchdog's step-based limit follows the median step (the run's first step, with its
+// allocations, left out).
+void Trainer::pace_watchdog(const StepResult& r, int64_t first_step, std::vector<double>& step_times) {
+  if (r.step <= first_step + 1) return;
+  step_times.push_back(r.seconds);
+  std::vector<double> recent(step_times.end() - std::min<ptrdiff_t>(ptrdiff_t(step_times.size()), 50), step_times.end());
+  std::nth_element(recent.begin(), recent.begin() + ptrdiff_t(recent.size() / 2), recent.end());
+  watchdog_->expect_step_s(recent[recent.size() / 2]);
+}
+
+// This rank's view for the agreement after a step: a stop asked for by a signal
+// (resilience/stop_signal.h), a save due by rank 0's clock (checkpoint.every_minutes), and
+// whether a save is still being written here.
+AfterStepView Trainer::after_step_view() const {
+  const double minutes = cfg_.checkpoint.every_minutes;
+  return {stop_requested(), is_lead() && minutes > 0 && ckpt_->seconds_since_save() >= minutes * 60, ckpt_->writing()};
+}
+
+void Trainer::stop_for_signal() {
+  stopped_ = true;
+  if (is_lead())
+    std::printf("stop requested (signal %d%s) after step %lld: saving a checkpoint and exiting\n", stop_signal(),
+                stop_signal() ? "" : " on another rank", (long long)step_);
 }
 
 }  // namespace vidit

@@ -39,7 +39,9 @@
 #include "train/adamw.h"
 #include "checkpoint/checkpointer.h"
 #include "train/ema.h"
+#include "train/metric_sinks.h"
 #include "train/metrics.h"
+#include "train/run_control.h"
 #include "train/step_tap.h"
 #include "train/tensorboard.h"
 
@@ -245,6 +247,16 @@ class Trainer : private CheckpointedRun {
   // bandwidth of every mesh group, naming a group slower than the others of its kind.
   void summarize_communication();
   void open_tensorboard(bool after_rollback);
+  // fit()'s parts, in the order it calls them (trainer.cpp).
+  using BucketLosses = std::map<std::string, std::pair<double, int64_t>>;  // sum, count
+  std::vector<std::unique_ptr<MetricSink>> sinks_;  // rank 0's (train/metric_sinks.h)
+  void open_sinks(bool after_rollback);
+  void watch_heartbeats();
+  void report_skipped(const StepResult& r);
+  void log_step(const StepResult& r, BucketLosses& since_log);
+  void pace_watchdog(const StepResult& r, int64_t first_step, std::vector<double>& step_times);
+  AfterStepView after_step_view() const;
+  void stop_for_signal();
 };
 
 }  // namespace vidit

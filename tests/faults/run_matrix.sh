@@ -596,7 +596,7 @@ run_case slow_storage --args "faults.kind=slow_storage faults.step=4 faults.rank
 run_case storage_hangs --args "faults.kind=slow_storage faults.step=4 faults.rank=1 faults.seconds=4 checkpoint.timeout_s=1" \
   --exits 2,0 --lost $((STEPS - EVERY)) --bound 60 \
   --fired "0 1 fault injection: storage is slow \(4\.0 s more per file\)" \
-  --says "0 0 a rank's checkpoint write did not end within checkpoint\.timeout_s \(1 s\)" \
+  --says "0 0 error: a rank's checkpoint write did not end within checkpoint\.timeout_s \(1 s\)" \
   --resumes "1 2" \
   --note "rank 1's write of step 4 outlasts checkpoint.timeout_s: every rank stops, the next attempt resumes"
 run_case newest_corrupted --args "faults.kind=kill faults.step=7 faults.rank=1" --exits 137,0 --lost $((2 * EVERY + 1)) \

@@ -248,6 +248,9 @@ void Trainer::check_replicas_or_stop() {
   const ReplicaVerdict v = check_replicas(*mesh_, {&pm_->params(), &optimizer}, hosts_, step_);
   if (v.consistent) return;
   events().write("replicas_diverged", step_, {{"suspects", v.suspects}, {"groups", v.detail}});
+  // The saves in flight hold states that passed this check when they began: they are committed
+  // first (every rank agreed on the verdict, so every rank comes here), then the run stops.
+  finish_save();
   throw ReplicasDiverged(v.message, is_lead());
 }
 

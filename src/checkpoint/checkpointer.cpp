@@ -65,12 +65,15 @@ int64_t Checkpointer::reserve(CheckpointedRun& run) {
 
 void Checkpointer::make_room() {
   // Two saves may be in flight: one being written and one snapshotted into the other set of
-  // buffers, written after it. Another waits for the oldest first.
+  // buffers, written after it. Another waits for the oldest first. (Training is paused from
+  // here: the save's reported pause counts the wait.)
+  room_from_ = std::chrono::steady_clock::now();
   if (sync_report_ || writer_.in_flight() >= std::max<int64_t>(1, opt_.snapshots)) finish_oldest();
 }
 
 void Checkpointer::start_save(CheckpointedRun& run) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = room_from_ ? *room_from_ : std::chrono::steady_clock::now();
+  room_from_.reset();
   CheckpointState live = run.checkpoint_state();
   SaveJob job;
   job.out_dir = opt_.out_dir;

@@ -105,7 +105,7 @@ class Checkpointer {
   int64_t reserve(CheckpointedRun& run);
   int64_t snapshot_bytes() const { return snapshot_bytes_; }
   // Waits for the oldest save in flight when starting another would exceed the buffers
-  // (collective, as finish_oldest()).
+  // (collective, as finish_oldest()). The next start_save's reported pause counts from here.
   void make_room();
   // Snapshots the state and leaves the writing to the background (or writes and commits it now
   // when synchronous). Collective.
@@ -159,6 +159,7 @@ class Checkpointer {
   int64_t failed_saves_ = 0;
   std::string last_dir_;  // of the last save finished (committed), for finish_all()
   std::chrono::steady_clock::time_point last_save_time_;
+  std::optional<std::chrono::steady_clock::time_point> room_from_;  // make_room() began: the pause
 };
 
 }  // namespace vidit

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "model/model_info.h"
 
 namespace vidit {
 namespace {
@@ -138,17 +137,11 @@ TEST(Config, ReferenceDocIsCurrent) {
     EXPECT_NE(doc.str().find(key), std::string::npos) << key;
 }
 
-TEST(Config, ShippedConfigsLoadWithExpectedParameterCounts) {
+TEST(Config, ShippedDemoConfigIsTheEmbeddedDefault) {
   const std::string dir = std::string(VIDIT_SOURCE_DIR) + "/configs/";
   Config demo = load_config(dir + "demo.toml");
   EXPECT_EQ(config_to_toml(demo), config_to_toml(parse_config("", "<defaults>")))
       << "configs/demo.toml must equal the embedded defaults";
-  const std::pair<const char*, double> presets[] = {{"wan2.1-1.3b.toml", 1.419e9}, {"wan2.1-14b.toml", 14.288e9}};
-  for (auto [file, want] : presets) {
-    Config c = load_config(dir + file);
-    const double n = double(count_parameters(c.model));
-    EXPECT_LT(std::abs(n - want) / want, 0.005) << file << ": " << n;
-  }
   EXPECT_THROW(load_config(dir + "no_such.toml"), Error);
 }
 

@@ -1,0 +1,24 @@
+// The shipped model presets (configs/) have the parameter counts of the releases they describe.
+#include "model/model_info.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/config.h"
+
+namespace vidit {
+namespace {
+
+TEST(ModelInfo, ShippedConfigsHaveTheReleasesParameterCounts) {
+  const std::string dir = std::string(VIDIT_SOURCE_DIR) + "/configs/";
+  const std::pair<const char*, double> presets[] = {{"wan2.1-1.3b.toml", 1.419e9}, {"wan2.1-14b.toml", 14.288e9}};
+  for (auto [file, want] : presets) {
+    Config c = load_config(dir + file);
+    const double n = double(count_parameters(c.model));
+    EXPECT_LT(std::abs(n - want) / want, 0.005) << file << ": " << n;
+  }
+}
+
+}  // namespace
+}  // namespace vidit

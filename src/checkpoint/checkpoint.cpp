@@ -16,8 +16,6 @@
 #include <cmath>
 #include <future>
 #include <set>
-#include <thread>
-#include <chrono>
 
 #include <c10/util/Exception.h>
 

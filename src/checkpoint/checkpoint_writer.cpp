@@ -58,6 +58,7 @@ std::optional<SaveReport> CheckpointWriter::wait(double timeout_s) {
   if (timeout_s > 0 && saves_.front().done.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
     SaveReport r;
     r.step = saves_.front().step;
+    r.timed_out = true;
     r.error = "its part was not written within " + std::to_string(int64_t(timeout_s)) +
               " s (checkpoint.timeout_s): the storage hangs";
     abandoned_ = true;  // (the write stays in flight: the destructor still waits for it)

@@ -42,6 +42,7 @@ struct SaveReport {
   int64_t step = -1;
   PartRecord part;      // what this rank wrote (index -1: no part)
   std::string error;    // empty: this rank's share succeeded
+  bool timed_out = false;  // the write had not ended within wait()'s timeout
   double blocked_s = 0;  // training paused for the snapshot (and the wait for the previous save)
   double write_s = 0;    // the background thread's time: write and verify
 };

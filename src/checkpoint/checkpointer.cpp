@@ -148,8 +148,7 @@ std::optional<SaveOutcome> Checkpointer::finish_oldest() {
   }
   // (1) Every rank's outcome. Failure: 0 none, 1 this rank's write failed, 2 it did not end
   // within checkpoint.timeout_s (the writer gave up on it).
-  const bool hung = done && !done->error.empty() && done->error.find("checkpoint.timeout_s") != std::string::npos;
-  const double failure = !done || done->error.empty() ? 0.0 : hung ? 2.0 : 1.0;
+  const double failure = !done || done->error.empty() ? 0.0 : done->timed_out ? 2.0 : 1.0;
   at::Tensor mine = at::tensor({done ? 1.0 : 0.0, failure, done ? double(done->part.bytes()) : 0.0,
                                 done ? done->write_s : 0.0},
                                at::kDouble);

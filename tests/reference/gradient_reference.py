@@ -51,6 +51,11 @@ except ImportError:
     # Only matters when modules are cast down; everything here is fp32.
     WanTransformer3DModel._keep_in_fp32_modules = None
 
+# The timestep sinusoid in float64, as the weight-layout reference patches it (diffusers is
+# importable by now, so that module's own import check passes).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from diffusers_wan_reference import float64_sinusoid  # noqa: E402
+
 
 def run_bench(args, out):
     cmd = [args.bench, "--dump", str(out), "--dump-steps", str(args.steps), "--steps", str(args.steps),
@@ -68,18 +73,6 @@ def run_bench(args, out):
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-4000:] + p.stderr[-4000:])
         die(f"bench_train_step exited with status {p.returncode}")
-
-
-def float64_sinusoid(model):
-    proj = model.condition_embedder.timesteps_proj
-    half = proj.num_channels // 2
-
-    def forward(t):
-        freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64) / half)
-        args = t.double()[:, None] * freqs[None, :]
-        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1).float()  # cos first, as Wan
-
-    proj.forward = forward
 
 
 def step_loss(model, step, accum):

@@ -1,20 +1,12 @@
-// The profile of a few steps (diagnose/profile.h): op and kernel names sorted into categories;
-// the summary of a made-up timeline, each category's time the own time of its ops; and a real run
-// with train.profile_steps, alone and under mpirun with FSDP, whose trace holds the ATen ops and
-// our steps, blocks and collective waits, and whose categories add up to the steps' time.
+// The profile of a few steps (diagnose/profile.h): op and kernel names sorted into categories,
+// and the summary of a made-up timeline, each category's time the own time of its ops. (A real
+// run with train.profile_steps is tested in src/train/profile_run_test.cpp.)
 #include "diagnose/profile.h"
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <set>
-
-#include "../../tests/test_util.h"
-#include "loader/dataset.h"
-#include "../../tests/mpi_test_util.h"
-#include "train/trainer.h"
+#include <string>
+#include <vector>
 
 namespace vidit {
 namespace {
@@ -71,64 +63,6 @@ TEST(Profile, SummaryGivesEachOpItsOwnTime) {
   EXPECT_NEAR(s.device_s.at("elementwise"), 0.001, 1e-12);
   EXPECT_NEAR(s.device_s.at("idle"), 0.005, 1e-12);           // 10 ms less the 5 ms with a kernel
   EXPECT_NE(s.format(false).find("matmul 40%"), std::string::npos) << s.format(false);
-}
-
-// The trace of a real run, and its summary: categories that add up, the ops and annotations
-// that must be there.
-void expect_profile(const std::string& out_dir, int rank, bool collectives) {
-  const std::string dir = out_dir + "/profile";
-  std::ifstream in(dir + "/rank" + std::to_string(rank) + ".json");
-  ASSERT_TRUE(in.good()) << dir;
-  const nlohmann::json trace = nlohmann::json::parse(in);
-  std::set<std::string> names;
-  for (const auto& e : trace.at("traceEvents"))
-    if (e.contains("name")) names.insert(e.at("name").get<std::string>());
-  for (const char* want : {"step 2", "step 3", "block 0", "block 1", "aten::mm"})
-    EXPECT_TRUE(names.count(want)) << want << " is not in the trace";
-  EXPECT_FALSE(names.count("step 1")) << "the profile leaves out the run's first step";
-  EXPECT_FALSE(names.count("step 4")) << "the profile is of train.profile_steps steps";
-  if (collectives) EXPECT_TRUE(names.count("wait all_gather")) << "FSDP's gathers are not in the trace";
-  std::ifstream sj(dir + "/summary_rank" + std::to_string(rank) + ".json");
-  const nlohmann::json s = nlohmann::json::parse(sj);
-  EXPECT_EQ(s.at("first_step"), 2);
-  EXPECT_EQ(s.at("last_step"), 3);
-  double sum = 0;
-  for (const auto& [c, v] : s.at("host_s").items()) sum += v.get<double>();
-  const double window = s.at("window_s").get<double>();
-  EXPECT_GT(window, 0);
-  EXPECT_NEAR(sum, window, 1e-6 * window);
-  EXPECT_GT(s.at("host_s").at("matmul").get<double>(), 0) << s.dump();
-  EXPECT_GT(s.at("host_s").at("elementwise").get<double>(), 0) << s.dump();
-  EXPECT_GT(s.at("host_s").at("attention").get<double>(), 0) << s.dump();
-  if (collectives) EXPECT_GT(s.at("host_s").at("communication").get<double>(), 0) << s.dump();
-}
-
-TEST(Profile, ARunWritesItsTraceAndWhereTheTimeWent) {
-  test::ScratchDir dir("profile");
-  const Config c = test::tiny_config({"train.steps=5", "train.profile_steps=2", "train.out_dir=" + dir.path()});
-  Trainer t(c, std::make_shared<SyntheticDataset>(c, 32, 11), at::zeros({c.model.text_len, c.model.text_dim}));
-  t.fit(-1, false);
-  expect_profile(dir.path(), 0, false);
-}
-
-TEST(MpiWorker, ProfileOfAnFsdpRun) {
-  VIDIT_MPI_WORKER_ONLY();
-  auto world = make_world_comm(detect_launch_env());
-  const std::string dir = std::getenv("VIDIT_TEST_DIR");
-  const Config c = test::tiny_config({"train.steps=5", "train.profile_steps=2", "train.batch_size=4",
-                                      "parallel.shard=2", "train.out_dir=" + dir});
-  Trainer t(c, std::make_shared<SyntheticDataset>(c, 32, 11), at::zeros({c.model.text_len, c.model.text_dim}),
-            at::kCPU, std::make_shared<Mesh>(c, world));
-  t.fit(-1, false);
-  expect_profile(dir, world->rank(), true);
-  world->barrier();
-  if (HasFailure()) abort_world(1);
-}
-
-TEST(Mpi, ProfileOfAnFsdpRunOn2Ranks) {
-  VIDIT_REQUIRE_MPI();
-  test::ScratchDir dir("profile_mpi");
-  test::expect_workers_passed(test::mpirun_worker(2, "MpiWorker.ProfileOfAnFsdpRun", "VIDIT_TEST_DIR=" + dir.path()), 2);
 }
 
 }  // namespace

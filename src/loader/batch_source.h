@@ -46,7 +46,7 @@ class BatchSource {
   virtual bool slices_global_batch() const { return false; }
   // Samples never to hand out again, by key (diagnose/quarantine.h: the cache key, or
   // index_key(i) for a dataset's sample i); every rank is given the same set at the same step.
-  void skip(std::set<std::string> keys) { skip_ = std::move(keys); }
+  virtual void skip(std::set<std::string> keys) { skip_ = std::move(keys); }
 
  protected:
   std::set<std::string> skip_;

@@ -188,7 +188,8 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   // unpatchify: [B, f, h, w, pt, ph, pw, C] -> [B, C, f*pt, h*ph, w*pw]
   out = out.view({B, f, h, w, c.patch[0], c.patch[1], c.patch[2], c.out_channels});
   out = out.permute({0, 7, 1, 4, 2, 5, 3, 6});
-  return out.reshape({B, c.out_channels, f * c.patch[0], h * c.patch[1], w * c.patch[2]});
+  out = out.reshape({B, c.out_channels, f * c.patch[0], h * c.patch[1], w * c.patch[2]});
+  return hooks.model_end ? hooks.model_end(out) : out;
 }
 
 }  // namespace vidit

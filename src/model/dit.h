@@ -75,11 +75,14 @@ struct TokenSplit {
 
 // Called around the forward pass and each block (e.g. to gather sharded parameters just before
 // they are used, parallel/fsdp.h); the model only calls them. block_end may wrap the block's output
-// (to hook its backward) and returns what the next block reads.
+// (to hook its backward) and returns what the next block reads; model_end likewise gets the
+// prediction [B, C, T, H, W] and returns what forward() returns (the trainer's fault injection
+// wraps it there, train/step_faults.h).
 struct ForwardHooks {
   std::function<void()> model_begin;
   std::function<void(int64_t block)> block_begin;
   std::function<at::Tensor(int64_t block, const at::Tensor& out)> block_end;
+  std::function<at::Tensor(const at::Tensor& out)> model_end;
 };
 
 struct DiTImpl : torch::nn::Module {

@@ -44,8 +44,8 @@ TEST(Torchrun, UlyssesTimesRingMatchesOneProcess) {
                               4);
 }
 
-// Rank 1 exits at its 5th all-reduce (data_parallel_test.cpp's worker); rank 0, waiting in a
-// collective, gets an error from gloo and torchrun ends the job: no hang.
+// Rank 1 exits at its 5th all-reduce (data_parallel_training_test.cpp's worker); rank 0, waiting
+// in a collective, gets an error from gloo and torchrun ends the job: no hang.
 TEST(Torchrun, RankThatExitsMidStepEndsTheJob) {
   VIDIT_REQUIRE_TORCHRUN();
   auto r = test::torchrun_worker(2, "MpiWorker.RankDiesMidStep", "", /*limit_s=*/120);

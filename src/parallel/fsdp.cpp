@@ -191,7 +191,8 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
     }
   }
   for (auto& p : params_) torch::autograd::impl::post_acc_grad_hooks(p).reset();
-  model_->hooks = ForwardHooks{};  // they point at this object
+  // Its hooks point at this object (others' model_end is left as it is).
+  model_->hooks.model_begin = nullptr, model_->hooks.block_begin = nullptr, model_->hooks.block_end = nullptr;
   if (!inner_linear_fns_.empty()) {
     size_t next = 0;
     for (const auto& m : *model_->blocks) {

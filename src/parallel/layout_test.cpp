@@ -1,14 +1,14 @@
 // Layouts in one process: cutting and joining are inverse for every kind of cut (odd sizes
-// padded), the planned layouts are those of tensor parallel then FSDP, state keys find their
-// parameter, and a one-process run has replicated layouts and no reduction.
+// padded), the planned layouts are those of tensor parallel then FSDP, and state keys find their
+// parameter. (A one-process run's layouts are tested in src/train/one_process_mesh_test.cpp.)
 #include "parallel/layout.h"
 
 #include <gtest/gtest.h>
 
 #include "../../tests/test_util.h"
-#include "parallel/data_parallel.h"
+#include "core/error.h"
+#include "model/dit.h"
 #include "parallel/parallelize.h"
-#include "train/trainer.h"
 
 namespace vidit {
 namespace {
@@ -76,26 +76,6 @@ TEST(Layout, PlannedLayoutsAreTensorParallelThenFsdp) {
   EXPECT_EQ(l.at("patch_embedding.weight").cuts, std::vector<Cut>{fsdp});
   // Degree 1 cuts nothing.
   for (const auto& [name, layout] : planned_layouts(whole, ParallelConfig{})) EXPECT_TRUE(layout.cuts.empty()) << name;
-}
-
-// One process is a mesh of size 1: every layout replicated, no gradient reduction, and the
-// global norm is the plain one.
-TEST(ParallelModel, OneProcessIsAMeshOfOne) {
-  Config cfg = test::tiny_config({"train.steps=2"});
-  Trainer t(cfg, std::make_shared<SyntheticDataset>(cfg, 8, 3), at::zeros({cfg.model.text_len, cfg.model.text_dim}));
-  EXPECT_EQ(t.mesh().size(), 1);
-  EXPECT_EQ(t.mesh().world()->backend(), "single");
-  const ParallelModel& pm = t.parallel_model();
-  EXPECT_EQ(pm.find<DataParallel>(), nullptr);
-  for (const auto& [name, l] : pm.layouts()) EXPECT_TRUE(l.cuts.empty()) << name;
-  EXPECT_EQ(pm.part().count(), 1);
-  t.step();
-  // The step's norm is the norm of every gradient (before clipping, here after: at most 1).
-  std::vector<at::Tensor> grads;
-  TensorMap by_name;
-  for (const auto& [name, p] : pm.params()) grads.push_back(p.grad()), by_name[name] = p.grad();
-  const double plain = at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).norm().item<double>();
-  EXPECT_NEAR(global_norm(by_name, pm.layouts(), t.mesh()), plain, 1e-9 * plain);
 }
 
 }  // namespace

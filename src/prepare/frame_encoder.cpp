@@ -2,6 +2,9 @@
 
 #include <torch/cuda.h>
 
+#include <cstdio>
+#include <filesystem>
+
 #include "core/error.h"
 #include "prepare/caption_embedder.h"
 #include "prepare/demo_codec.h"
@@ -9,10 +12,13 @@
 
 namespace vidit {
 
-FrameEncoder make_frame_encoder(const Config& cfg) {
+namespace {
+
+// The encoder data.codec names.
+FrameEncoder codec_encoder(const Config& cfg) {
   if (cfg.data.codec == Codec::demo) {
     const int64_t block = cfg.demo.codec_block;
-    return [block](const at::Tensor& frames) {
+    return [block](const at::Tensor& frames, const ClipRef&) {
       at::Tensor mean = demo::codec_encode(frames, block);
       return std::make_pair(mean, at::zeros_like(mean));  // lossless: no spread
     };
@@ -27,7 +33,7 @@ FrameEncoder make_frame_encoder(const Config& cfg) {
   load_wan_vae(**vae, cfg.data.vae_weights);
   (*vae)->eval();
   (*vae)->to(device);
-  return [vae, device](const at::Tensor& frames) {
+  return [vae, device](const at::Tensor& frames, const ClipRef&) {
     at::NoGradGuard no_grad;
     at::Tensor video = frames.to(device).permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
     VaeRunOptions opt;
@@ -40,6 +46,24 @@ FrameEncoder make_frame_encoder(const Config& cfg) {
     return std::make_pair(mean.cpu(), std.cpu());
   };
 }
+
+}  // namespace
+
+FrameEncoder with_cache_faults(FrameEncoder base, const FaultConfig& faults) {
+  if (faults.kind != FaultKind::poison_cache || faults.sample.empty()) return base;
+  const std::string sample = faults.sample;
+  return [base = std::move(base), sample](const at::Tensor& frames, const ClipRef& clip) {
+    auto latents = base(frames, clip);
+    if (sample == clip.key || sample == std::filesystem::path(clip.source).filename().string()) {
+      latents.first = latents.first * 1000;
+      std::fprintf(stderr, "fault injection: the cache entry of %s (%s) is written with its latents x 1000\n",
+                   clip.source.c_str(), clip.key.c_str());
+    }
+    return latents;
+  };
+}
+
+FrameEncoder make_frame_encoder(const Config& cfg) { return with_cache_faults(codec_encoder(cfg), cfg.faults); }
 
 CaptionEncoder make_caption_encoder(const Config& cfg) {
   if (cfg.data.text_encoder != TextEncoder::demo) return {};

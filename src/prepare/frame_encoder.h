@@ -8,8 +8,15 @@
 
 namespace vidit {
 
-// Frames [T, H, W, 3] uint8 -> latent (mean, std), each [C, T', H', W'].
+// Frames [T, H, W, 3] uint8 -> latent (mean, std), each [C, T', H', W']; wrapped by
+// with_cache_faults when the config injects a fault into the cache.
 FrameEncoder make_frame_encoder(const Config& cfg);
+
+// Fault injection (resilience/fault_injection.h), as a forwarding wrapper of an encoder: with
+// faults.kind = "poison_cache", the clip whose cache key or source file name is faults.sample
+// gets latents x 1000 (the checksum the cache writes is then that of the bad latents: the data
+// itself is bad), in every attempt, saying so on stderr. Otherwise `base` itself.
+FrameEncoder with_cache_faults(FrameEncoder base, const FaultConfig& faults);
 
 // Empty for "precomputed".
 CaptionEncoder make_caption_encoder(const Config& cfg);

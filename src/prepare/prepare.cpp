@@ -1,12 +1,13 @@
 #include "prepare/prepare.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <optional>
+#include <memory>
 #include <sstream>
 #include <set>
 #include <map>
@@ -17,6 +18,7 @@
 #include "prepare/clips.h"
 #include "loader/latent_cache.h"
 #include "prepare/manifest.h"
+#include "prepare/progress_board.h"
 #include "video/video_decoder.h"
 
 namespace vidit {
@@ -53,12 +55,6 @@ void check_text_embedding(const std::string& path, const ModelConfig& m) {
   VIDIT_CHECK(x.dim() == 2 && x.size(1) == m.text_dim && x.size(0) <= m.text_len, "text embedding '", path,
               "' has shape ", x.sizes(), "; the model wants [<= ", m.text_len, ", ", m.text_dim,
               "] (model.text_len, model.text_dim)");
-}
-
-std::string worker_name(int w) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "w%03d", w);
-  return buf;
 }
 
 nlohmann::json report_json(const PrepareReport& r) {
@@ -102,99 +98,6 @@ std::string seconds_range(double a, double b) {
   return buf;
 }
 
-// Every worker of several rewrites <cache_dir>/progress/w{W}.json every few seconds (and when it
-// ends); worker 0 reads the others' to show the totals. A file last written well before this
-// worker's own first one is an earlier run's and is left out (modification times compared on
-// the one file system, so the hosts' clocks need not agree).
-class ProgressBoard {
- public:
-  static constexpr double kEverySeconds = 5;
-
-  // Worker 0 of several shows the totals after its own numbers on each line of `p`.
-  ProgressBoard(Progress& p, const std::string& cache_dir, int worker, int workers, int64_t all_entries)
-      : progress_(p), dir_(cache_dir + "/progress"), worker_(worker), workers_(workers), all_entries_(all_entries) {
-    if (workers_ <= 1) return;
-    fs::create_directories(dir_);
-    if (worker_ == 0) progress_.set_note([this](const ProgressSnapshot& mine) { return totals(mine); });
-  }
-
-  // Writes this worker's file and (worker 0) reads the others' when kEverySeconds have passed
-  // since the last time, or now.
-  void update(bool now = false) {
-    if (workers_ <= 1 || (!now && progress_.elapsed() - last_ < kEverySeconds)) return;
-    last_ = progress_.elapsed();
-    const std::string mine = dir_ + "/" + worker_name(worker_) + ".json";
-    try {
-      write_file_atomic(mine, nlohmann::json{{"worker", worker_}, {"workers", workers_}, {"finished", now},
-                                             {"progress", progress_.snapshot().to_json()}}.dump());
-      if (!since_) since_ = fs::last_write_time(mine) - std::chrono::seconds(60);
-    } catch (const std::exception& e) {
-      // Only the display of the totals depends on these files: say so once and go on.
-      if (!warned_) std::fprintf(stderr, "warning: cannot write the progress file %s (%s)\n", mine.c_str(), e.what());
-      warned_ = true;
-    }
-    if (worker_ == 0 && since_) read_others();
-  }
-
- private:
-  void read_others() {
-    others_.clear();
-    not_heard_ = 0;
-    for (int w = 0; w < workers_; ++w) {
-      if (w == worker_) continue;
-      const std::string path = dir_ + "/" + worker_name(w) + ".json";
-      std::error_code ec;
-      const auto when = fs::last_write_time(path, ec);
-      if (ec || when < *since_) {
-        ++not_heard_;
-        continue;
-      }
-      try {
-        std::ifstream in(path);
-        others_.push_back(ProgressSnapshot::from_json(nlohmann::json::parse(in).at("progress")));
-      } catch (const std::exception&) {
-        ++not_heard_;  // damaged (the file is replaced whole, never seen half written): next time
-      }
-    }
-  }
-
-  // "all 4 workers: 350/3000 videos 11%, clips 300, rejected 50, 7.10 videos/s, 6m05s left":
-  // this worker's numbers as they are now, the others' as last read.
-  std::string totals(const ProgressSnapshot& mine) const {
-    std::vector<ProgressSnapshot> parts = others_;
-    parts.push_back(mine);
-    ProgressSnapshot all = sum_progress(parts);
-    all.total = all_entries_;
-    std::string out = "all " + std::to_string(workers_) + " workers: " + std::to_string(all.done) + "/" +
-                      std::to_string(all.total) + " videos";
-    if (all.total > 0) out += " " + std::to_string(all.done * 100 / all.total) + "%";
-    out += ", clips " + std::to_string(all.counter("clips"));
-    int64_t rejected = 0;
-    for (const auto& [name, n] : all.counters)
-      if (name.rfind("rejected/", 0) == 0) rejected += n;
-    out += ", rejected " + std::to_string(rejected);
-    if (all.rate > 0) {
-      char buf[48];
-      std::snprintf(buf, sizeof buf, all.rate >= 1 ? ", %.2f videos/s" : ", %.1f s/video", all.rate >= 1 ? all.rate : 1 / all.rate);
-      out += buf;
-    }
-    const double left = all.seconds_left();
-    if (left >= 0) out += ", " + short_duration(left) + " left";
-    if (not_heard_) out += " (" + std::to_string(not_heard_) + " not heard from)";
-    return out;
-  }
-
-  Progress& progress_;
-  std::string dir_;
-  int worker_, workers_;
-  int64_t all_entries_;
-  double last_ = -1e300;
-  std::optional<fs::file_time_type> since_;
-  std::vector<ProgressSnapshot> others_;  // worker 0: the others' last published numbers
-  int not_heard_ = 0;                     // worker 0: others with no file from this run yet
-  bool warned_ = false;
-};
-
 }  // namespace
 
 int64_t merge_prepared(const std::string& dir) {
@@ -212,165 +115,138 @@ int64_t merge_prepared(const std::string& dir) {
   return n;
 }
 
-PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions,
-                            int worker, int workers, const Progress::Options* progress) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto& d = cfg.data;
-  VIDIT_CHECK(!d.manifest.empty(), cfg.source, ": vidit prepare needs data.manifest (a .jsonl / .csv file or a folder)");
-  VIDIT_CHECK(!d.cache_dir.empty(), cfg.source, ": vidit prepare needs data.cache_dir (where the cache goes)");
-  VIDIT_CHECK(workers >= 1 && worker >= 0 && worker < workers, "vidit prepare: worker ", worker, " of ", workers,
-              " is out of range");
-  VIDIT_CHECK(d.text_encoder == TextEncoder::precomputed || captions, "vidit prepare: data.text_encoder = \"", d.text_encoder,
-              "\" but no caption encoder was given");
-  const std::vector<Bucket> buckets = make_buckets(cfg.buckets);
-  Manifest manifest = read_manifest(d.manifest);
-  fs::create_directories(d.cache_dir + "/rejects");
-  fs::create_directories(d.cache_dir + "/done");
-  fs::remove(d.cache_dir + "/done/" + worker_name(worker));
+namespace {
 
-  const int64_t n_all = int64_t(manifest.entries.size());
-  Progress::Options po = progress ? *progress : Progress::Options{};
-  if (!progress) po.out = nullptr;  // counted, never shown
-  po.label = workers > 1 ? "prepare w" + std::to_string(worker) + " of " + std::to_string(workers) : "prepare";
-  po.unit = "video";
-  po.total = n_all > worker ? (n_all - worker + workers - 1) / workers : 0;
-  Progress prog(po);
-  prog.count("clips", 0);
-  prog.count("cached", 0);
-  ProgressBoard board(prog, d.cache_dir, worker, workers, n_all);
-  board.update();
+// One worker's pass over its slice of the manifest (see the header of prepare.h), in named steps:
+// run() takes each entry of the slice through prepare_whole() (one clip per entry) or
+// cut_video() (many), then finish() writes the last shard, this worker's report and, if it is
+// the last worker to finish, the merged index. Each clip either reuses what the cache holds
+// (reuse_cached: kept, or re-embedded when its caption changed) or is bucketed, encoded and
+// written (encode_and_write); an input that cannot be used becomes a reject of the stage that
+// failed (reject) and the next entry goes on.
+class CachePreparer {
+ public:
+  CachePreparer(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions, int worker, int workers,
+                const Progress::Options* progress)
+      : cfg_(cfg), d_(cfg.data), encode_(encode), captions_(captions), worker_(worker), workers_(workers) {
+    VIDIT_CHECK(!d_.manifest.empty(), cfg.source, ": vidit prepare needs data.manifest (a .jsonl / .csv file or a folder)");
+    VIDIT_CHECK(!d_.cache_dir.empty(), cfg.source, ": vidit prepare needs data.cache_dir (where the cache goes)");
+    VIDIT_CHECK(workers >= 1 && worker >= 0 && worker < workers, "vidit prepare: worker ", worker, " of ", workers,
+                " is out of range");
+    VIDIT_CHECK(d_.text_encoder == TextEncoder::precomputed || captions, "vidit prepare: data.text_encoder = \"",
+                d_.text_encoder, "\" but no caption encoder was given");
+    VIDIT_CHECK(!d_.split_scenes || d_.clip_seconds > 0, cfg.source, ": data.split_scenes needs data.clip_seconds (the ",
+                "length of the clips cut from each scene), e.g. data.clip_seconds = 5");
+    buckets_ = make_buckets(cfg.buckets);
+    manifest_ = read_manifest(d_.manifest);
+    fs::create_directories(d_.cache_dir + "/rejects");
+    fs::create_directories(d_.cache_dir + "/done");
+    fs::remove(d_.cache_dir + "/done/" + worker_name(worker));
 
-  RejectLog rejects(d.cache_dir + "/rejects/" + worker_name(worker) + ".jsonl", prog);
-  if (worker == 0)
-    for (const auto& r : manifest.rejected) rejects.add("", r.where, r.reason, "manifest");
-
-  PrepareReport rep;
-  CacheWriter writer(d.cache_dir, worker, d.shard_mb << 20, d.cache_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat);
-  DecodeOptions opt;
-  opt.target_fps = d.fps;
-  opt.threads = int(d.decode_threads);
-  opt.device = parse_decode_device(name_of(d.decoder), "data.decoder");
-  opt.square_pixels = cfg.data.square_pixels;
-  const int64_t longest = *std::max_element(cfg.buckets.frames.begin(), cfg.buckets.frames.end());
-
-  // Caption of entry `e` into `s` (its text embedding, or the precomputed file it names).
-  auto caption_into = [&](const ManifestEntry& e, CacheSample& s) {
-    if (d.text_encoder == TextEncoder::precomputed) {
-      VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
-      check_text_embedding(e.text_embedding, cfg.model);
-      s.text_ref = e.text_embedding;
-    } else {
-      s.text = captions(e.caption);
-    }
-  };
-  // Buckets, encodes and writes the clip `frames` [T, H, W, 3] of entry `e` as `s` (key, text and
-  // meta already set); `stage` follows the work for the reject category.
-  auto encode_and_write = [&](const ManifestEntry& e, const at::Tensor& frames, double fps, CacheSample& s,
-                              const char*& stage) {
-    stage = "bucket";
-    const BucketChoice choice = assign_bucket(buckets, frames.size(2), frames.size(1), frames.size(0), cfg.buckets.max_upscale);
-    VIDIT_CHECK(choice.ok(), choice.reason);
-    const Bucket& b = buckets[size_t(choice.index)];
-    s.bucket = b.name();
-    stage = "encode";
-    std::tie(s.mean, s.std) = encode(fit_to_bucket(frames, b));
-    // Fault injection (resilience/fault_injection.h): a sample whose latents are extreme but
-    // whose checksum is valid, as a broken encoder or a bad source would leave it.
-    if (cfg.faults.kind == FaultKind::poison_cache && !cfg.faults.sample.empty() &&
-        (cfg.faults.sample == s.key || cfg.faults.sample == std::filesystem::path(e.path).filename().string())) {
-      s.mean = s.mean * 1000;
-      std::fprintf(stderr, "fault injection: the cache entry of %s (%s) is written with its latents x 1000\n",
-                   e.path.c_str(), s.key.c_str());
-    }
-    s.meta["fps"] = fps;
-    s.meta["frames"] = b.frames;
-    stage = "write";
-    writer.add(s);
-    ++rep.written;
-    ++rep.per_bucket[b.name()];
-    prog.count("clips");
-    if (fps > 0) rep.source_seconds += double(b.frames) / fps;
-  };
-
-  // A cached clip whose caption (or precomputed embedding file) is no longer the manifest's gets
-  // its new text without its video being decoded or encoded again: its latents are copied from
-  // its shard, checked, into a new revision of its key, which replaces the old one in the index.
-  auto stale_caption = [&](const ManifestEntry& e, const CachedKey& c) {
-    return d.text_encoder == TextEncoder::precomputed ? c.text_ref != e.text_embedding
-                                                      : c.caption_digest != caption_digest(e.caption);
-  };
-  auto reembed = [&](const ManifestEntry& e, const std::string& key) {
-    CacheSample s = read_cached_sample(d.cache_dir, writer.cached_entry(key));
-    s.text = at::Tensor();
-    s.text_ref.clear();
-    caption_into(e, s);
-    s.meta["caption"] = e.caption;
-    ++s.rev;
-    writer.add(s);
-    ++rep.reembedded;
-    prog.count("re-embedded");
-  };
-
-  // Many clips per video (data.clip_seconds): see the header of prepare.h.
-  const bool cutting = d.clip_seconds > 0 || d.split_scenes;
-  VIDIT_CHECK(!d.split_scenes || d.clip_seconds > 0, cfg.source, ": data.split_scenes needs data.clip_seconds (the ",
-              "length of the clips cut from each scene), e.g. data.clip_seconds = 5");
-  const ClipSpec spec{d.clip_seconds, d.clip_stride_seconds, d.max_clips_per_video};
-  std::map<std::string, std::vector<std::string>> plans;
-  std::ofstream plan_log;
-  if (cutting) {
-    check_clip_spec(spec);
-    plans = read_clip_plans(d.cache_dir);
-    fs::create_directories(d.cache_dir + "/clips");
-    const std::string f = d.cache_dir + "/clips/" + worker_name(worker) + ".jsonl";
-    plan_log.open(f, std::ios::app);
-    VIDIT_CHECK(plan_log, "cannot write '", f, "'");
+    const int64_t n_all = int64_t(manifest_.entries.size());
+    Progress::Options po = progress ? *progress : Progress::Options{};
+    if (!progress) po.out = nullptr;  // counted, never shown
+    po.label = workers > 1 ? "prepare w" + std::to_string(worker) + " of " + std::to_string(workers) : "prepare";
+    po.unit = "video";
+    po.total = n_all > worker ? (n_all - worker + workers - 1) / workers : 0;
+    prog_ = std::make_unique<Progress>(po);
+    prog_->count("clips", 0);
+    prog_->count("cached", 0);
+    board_ = std::make_unique<ProgressBoard>(*prog_, d_.cache_dir, worker, workers, n_all);
+    board_->update();
+    rejects_ = std::make_unique<RejectLog>(d_.cache_dir + "/rejects/" + worker_name(worker) + ".jsonl", *prog_);
+    if (worker == 0)
+      for (const auto& r : manifest_.rejected) rejects_->add("", r.where, r.reason, "manifest");
+    writer_ = std::make_unique<CacheWriter>(d_.cache_dir, worker, d_.shard_mb << 20,
+                                            d_.cache_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat);
+    decode_.target_fps = d_.fps;
+    decode_.threads = int(d_.decode_threads);
+    decode_.device = parse_decode_device(name_of(d_.decoder), "data.decoder");
+    decode_.square_pixels = d_.square_pixels;
+    longest_ = *std::max_element(cfg.buckets.frames.begin(), cfg.buckets.frames.end());
+    cutting_ = d_.clip_seconds > 0 || d_.split_scenes;
+    if (cutting_) start_cutting();
   }
-  // An unusable video is recorded with the category of the stage it failed in ("missing" when a
-  // decode failed because the file is not there).
-  auto reject = [&](const ManifestEntry& e, const std::exception& ex, const char* stage) {
-    std::error_code ec;
-    const bool missing = std::string(stage) == "decode" && !fs::exists(e.path, ec);
-    rejects.add(e.path, e.where, ex.what(), missing ? "missing" : stage);
-  };
-  auto cut_video = [&](const ManifestEntry& e) {
-    const std::string vkey = video_plan_key(e, d);
-    if (auto it = plans.find(vkey); it != plans.end()) {
-      bool all = true;
-      for (const auto& k : it->second) all = all && writer.done().count(k);
-      if (all) {  // every clip of this video is in a finished shard: nothing to decode
-        for (const auto& k : it->second) {
-          if (!stale_caption(e, writer.done().at(k))) {
-            ++rep.already_done;
-            prog.count("cached");
-            continue;
-          }
-          try {
-            reembed(e, k);
-          } catch (const std::exception& ex) {
-            rejects.add(e.path, e.where, std::string("its clip ") + k + " is cached with another caption and its "
-                        "latents cannot be read to give it the new one (" + ex.what() + "); delete its shard and "
-                        "index part and re-run vidit prepare", "caption");
-          }
-        }
-        ++rep.videos_cut;
-        board.update();
-        prog.skip();
-        return;
-      }
+
+  PrepareReport run() {
+    for (size_t i = size_t(worker_); i < manifest_.entries.size(); i += size_t(workers_)) {
+      ++rep_.entries;
+      if (cutting_) cut_video(manifest_.entries[i]);
+      else prepare_whole(manifest_.entries[i]);
+    }
+    finish();
+    return rep_;
+  }
+
+ private:
+  // What reuse_cached found for a clip's key.
+  enum class Reuse { none, kept, reembedded };
+
+  // Many clips per video: the clip settings are checked and the earlier runs' clip plans read.
+  void start_cutting() {
+    spec_ = ClipSpec{d_.clip_seconds, d_.clip_stride_seconds, d_.max_clips_per_video};
+    check_clip_spec(spec_);
+    plans_ = read_clip_plans(d_.cache_dir);
+    fs::create_directories(d_.cache_dir + "/clips");
+    const std::string f = d_.cache_dir + "/clips/" + worker_name(worker_) + ".jsonl";
+    plan_log_.open(f, std::ios::app);
+    VIDIT_CHECK(plan_log_, "cannot write '", f, "'");
+  }
+
+  // Entry `e` as one clip (its manifest window, at most the longest bucket's frames).
+  void prepare_whole(const ManifestEntry& e) {
+    const std::string key = cache_key(e.path, e.start, e.end);
+    int64_t rev = 0;
+    if (const Reuse r = reuse_cached(e, key, rev); r != Reuse::none) {
+      board_->update();
+      if (r == Reuse::kept) prog_->skip();
+      else prog_->advance();
+      return;
+    }
+    const char* stage = "decode";  // where a failure happened names its reject category
+    try {
+      DecodeOptions o = decode_options(e);
+      o.max_frames = longest_;
+      DecodedVideo v = decode_video(e.path, o);
+      stage = "bucket";
+      // Checked before the caption is embedded, as always: a clip no bucket takes costs no text encode.
+      const BucketChoice choice = assign_bucket(buckets_, v.width, v.height, v.frames.size(0), cfg_.buckets.max_upscale);
+      VIDIT_CHECK(choice.ok(), choice.reason);
+      CacheSample s;
+      s.key = key;
+      s.rev = rev;
+      stage = "caption";
+      caption_into(e, s);
+      s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
+                {"source_size", {v.width, v.height}}};
+      encode_and_write(e, v.frames, v.fps > 0 ? v.fps : 0, s, stage);
+    } catch (const std::exception& ex) {
+      reject(e, ex, stage);  // one unusable video never stops the run
+    }
+    board_->update();
+    prog_->advance();
+  }
+
+  // Entry `e` cut into clips (data.clip_seconds), decoded as a stream unless every clip of an
+  // earlier run's plan for it is cached.
+  void cut_video(const ManifestEntry& e) {
+    const std::string vkey = video_plan_key(e, d_);
+    if (all_clips_cached(e, vkey)) {
+      ++rep_.videos_cut;
+      board_->update();
+      prog_->skip();
+      return;
     }
     const char* stage = "caption";
     try {
       CacheSample proto;
       caption_into(e, proto);
       stage = "decode";
-      DecodeOptions o = opt;
-      if (e.start >= 0) o.start_seconds = e.start;
-      if (e.end >= 0) o.end_seconds = e.end;
+      const DecodeOptions o = decode_options(e);
       const double lo = o.start_seconds;
       double hi = o.end_seconds;
       if (const double probed = probe_video_seconds(e.path); probed > 0) hi = std::min(hi, probed);
-      ClipCutter cutter(spec, lo, hi, d.split_scenes, d.scene_threshold, longest);
+      ClipCutter cutter(spec_, lo, hi, d_.split_scenes, d_.scene_threshold, longest_);
       std::vector<std::string> keys;
       int64_t usable = 0;  // clips written or found cached
       int64_t width = 0, height = 0;
@@ -381,21 +257,9 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
           const int64_t index = int64_t(keys.size());
           keys.push_back(key);
           int64_t rev = 0;
-          if (auto cached = writer.done().find(key); cached != writer.done().end()) {
-            if (!stale_caption(e, cached->second)) {
-              ++rep.already_done;
-              ++usable;
-              prog.count("cached");
-              continue;
-            }
-            try {
-              reembed(e, key);
-              ++usable;
-              continue;
-            } catch (const std::exception& ex) {  // its latents unreadable: encoded again from these frames
-              std::fprintf(stderr, "warning: %s: clip %s: %s; encoding it again\n", e.path.c_str(), key.c_str(), ex.what());
-              rev = cached->second.rev + 1;
-            }
+          if (reuse_cached(e, key, rev) != Reuse::none) {
+            ++usable;
+            continue;
           }
           const char* clip_stage = "bucket";
           try {
@@ -411,10 +275,10 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
             ++usable;
           } catch (const std::exception& ex) {
             // One clip that cannot be used: recorded, and the video's other clips go on.
-            rejects.add(e.path, e.where + " clip " + seconds_range(c.window.start, c.window.end), ex.what(), clip_stage);
+            rejects_->add(e.path, e.where + " clip " + seconds_range(c.window.start, c.window.end), ex.what(), clip_stage);
           }
         }
-        board.update();
+        board_->update();
       };
       const DecodedVideo v = decode_video_streaming(e.path, o, [&](const at::Tensor& frame, double t) {
         if (last >= 0 && t > last) interval = t - last;
@@ -426,99 +290,198 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
       });
       const double step = v.fps > 0 ? 1 / v.fps : interval;
       handle(cutter.finish(last + step));
-      if (cutter.dense_cuts()) {
-        ++rep.warned_by["scenes"];
-        std::fprintf(stderr,
-                     "warning: %s (%s): a scene cut on nearly every frame (%zu cuts in the first %lld frames: strobe, "
-                     "flicker or noise?); the rest of the video is treated as one scene. Raise data.scene_threshold "
-                     "if this video has no such cuts\n",
-                     e.path.c_str(), e.where.c_str(), cutter.cuts().size(), static_cast<long long>(cutter.frames_seen()));
-      }
+      if (cutter.dense_cuts()) warn_dense_cuts(e, cutter);
       if (keys.empty()) {
         stage = "clips";
-        fail("no clip of ", d.clip_seconds, " s fits ", cutter.cuts().empty() ? std::string("the video") :
+        fail("no clip of ", d_.clip_seconds, " s fits ", cutter.cuts().empty() ? std::string("the video") :
              "any scene (" + std::to_string(cutter.cuts().size()) + " scene cuts found)",
              " in ", seconds_range(lo, last + step), "; lower data.clip_seconds",
              cutter.cuts().empty() ? "" : ", or raise data.scene_threshold if these are not real cuts");
       }
-      if (usable > 0) ++rep.videos_cut;
-      plan_log << nlohmann::json{{"video", vkey}, {"source", e.path}, {"clips", keys}}.dump() << "\n";
-      plan_log.flush();
+      if (usable > 0) ++rep_.videos_cut;
+      plan_log_ << nlohmann::json{{"video", vkey}, {"source", e.path}, {"clips", keys}}.dump() << "\n";
+      plan_log_.flush();
     } catch (const std::exception& ex) {
       reject(e, ex, stage);
     }
-    board.update();
-    prog.advance();
-  };
+    board_->update();
+    prog_->advance();
+  }
 
-  for (size_t i = size_t(worker); i < manifest.entries.size(); i += size_t(workers)) {
-    const ManifestEntry& e = manifest.entries[i];
-    ++rep.entries;
-    if (cutting) {
-      cut_video(e);
-      continue;
-    }
-    const std::string key = cache_key(e.path, e.start, e.end);
-    int64_t rev = 0;
-    if (auto cached = writer.done().find(key); cached != writer.done().end()) {
-      if (!stale_caption(e, cached->second)) {
-        ++rep.already_done;
-        prog.count("cached");
-        board.update();
-        prog.skip();
+  // True when every clip of the plan recorded for the video `vkey` is in a finished shard: each
+  // is kept, or given its new caption, without decoding the video.
+  bool all_clips_cached(const ManifestEntry& e, const std::string& vkey) {
+    const auto it = plans_.find(vkey);
+    if (it == plans_.end()) return false;
+    for (const auto& k : it->second)
+      if (!writer_->done().count(k)) return false;
+    for (const auto& k : it->second) {
+      if (!stale_caption(e, writer_->done().at(k))) {
+        keep_cached();
         continue;
       }
       try {
-        reembed(e, key);
-        board.update();
-        prog.advance();
-        continue;
-      } catch (const std::exception& ex) {  // its latents unreadable: decoded and encoded again below
-        std::fprintf(stderr, "warning: %s (%s): %s; encoding it again\n", e.path.c_str(), e.where.c_str(), ex.what());
-        rev = cached->second.rev + 1;
+        reembed(e, k);
+      } catch (const std::exception& ex) {
+        rejects_->add(e.path, e.where, std::string("its clip ") + k + " is cached with another caption and its "
+                      "latents cannot be read to give it the new one (" + ex.what() + "); delete its shard and "
+                      "index part and re-run vidit prepare", "caption");
       }
     }
-    // Where a failure happened names its reject category.
-    const char* stage = "decode";
-    try {
-      DecodeOptions o = opt;
-      if (e.start >= 0) o.start_seconds = e.start;
-      if (e.end >= 0) o.end_seconds = e.end;
-      o.max_frames = longest;
-      DecodedVideo v = decode_video(e.path, o);
-      stage = "bucket";
-      // Checked before the caption is embedded, as always: a clip no bucket takes costs no text encode.
-      const BucketChoice choice = assign_bucket(buckets, v.width, v.height, v.frames.size(0), cfg.buckets.max_upscale);
-      VIDIT_CHECK(choice.ok(), choice.reason);
-      CacheSample s;
-      s.key = key;
-      s.rev = rev;
-      stage = "caption";
-      caption_into(e, s);
-      s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
-                {"source_size", {v.width, v.height}}};
-      encode_and_write(e, v.frames, v.fps > 0 ? v.fps : 0, s, stage);
-    } catch (const std::exception& ex) {
-      reject(e, ex, stage);  // one unusable video never stops the run
+    return true;
+  }
+
+  // The clip `key` of entry `e` when a finished shard holds it: kept as it is, or re-embedded
+  // when its caption changed. `rev` is the revision a new encode must write: 0, or one above the
+  // cached entry's when its latents could not be read to re-embed it (then Reuse::none).
+  Reuse reuse_cached(const ManifestEntry& e, const std::string& key, int64_t& rev) {
+    rev = 0;
+    const auto cached = writer_->done().find(key);
+    if (cached == writer_->done().end()) return Reuse::none;
+    if (!stale_caption(e, cached->second)) {
+      keep_cached();
+      return Reuse::kept;
     }
-    board.update();
-    prog.advance();
+    try {
+      reembed(e, key);
+      return Reuse::reembedded;
+    } catch (const std::exception& ex) {  // its latents unreadable: encoded again from the frames
+      std::fprintf(stderr, "warning: %s (%s): clip %s: %s; encoding it again\n", e.path.c_str(), e.where.c_str(),
+                   key.c_str(), ex.what());
+      rev = cached->second.rev + 1;
+      return Reuse::none;
+    }
   }
-  writer.flush();
-  rep.rejected = rejects.count();
-  rep.rejected_by = rejects.by_category();
-  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  board.update(/*now=*/true);
-  prog.finish();
-  write_file_atomic(d.cache_dir + "/done/" + worker_name(worker), report_json(rep).dump());
-  int finished = 0;
-  for (int w = 0; w < workers; ++w) finished += fs::exists(d.cache_dir + "/done/" + worker_name(w));
-  if (finished == workers) {
-    merge_prepared(d.cache_dir);
-    rep.merged = true;
+
+  void keep_cached() {
+    ++rep_.already_done;
+    prog_->count("cached");
   }
-  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return rep;
+
+  // Whether the cached clip `c`'s caption (or precomputed embedding file) is no longer `e`'s.
+  bool stale_caption(const ManifestEntry& e, const CachedKey& c) const {
+    return d_.text_encoder == TextEncoder::precomputed ? c.text_ref != e.text_embedding
+                                                       : c.caption_digest != caption_digest(e.caption);
+  }
+
+  // A cached clip whose caption changed gets its new text without its video being decoded or
+  // encoded again: its latents are copied from its shard, checked, into a new revision of its
+  // key, which replaces the old one in the index.
+  void reembed(const ManifestEntry& e, const std::string& key) {
+    CacheSample s = read_cached_sample(d_.cache_dir, writer_->cached_entry(key));
+    s.text = at::Tensor();
+    s.text_ref.clear();
+    caption_into(e, s);
+    s.meta["caption"] = e.caption;
+    ++s.rev;
+    writer_->add(s);
+    ++rep_.reembedded;
+    prog_->count("re-embedded");
+  }
+
+  // The caption of entry `e` into `s`: its text embedding, or the precomputed file it names.
+  void caption_into(const ManifestEntry& e, CacheSample& s) const {
+    if (d_.text_encoder == TextEncoder::precomputed) {
+      VIDIT_CHECK(!e.text_embedding.empty(), "no text_embedding file for this clip (data.text_encoder = \"precomputed\")");
+      check_text_embedding(e.text_embedding, cfg_.model);
+      s.text_ref = e.text_embedding;
+    } else {
+      s.text = captions_(e.caption);
+    }
+  }
+
+  // Buckets, encodes and writes the clip `frames` [T, H, W, 3] of entry `e` as `s` (key, text and
+  // meta already set); `stage` follows the work for the reject category.
+  void encode_and_write(const ManifestEntry& e, const at::Tensor& frames, double fps, CacheSample& s, const char*& stage) {
+    stage = "bucket";
+    const BucketChoice choice = assign_bucket(buckets_, frames.size(2), frames.size(1), frames.size(0), cfg_.buckets.max_upscale);
+    VIDIT_CHECK(choice.ok(), choice.reason);
+    const Bucket& b = buckets_[size_t(choice.index)];
+    s.bucket = b.name();
+    stage = "encode";
+    std::tie(s.mean, s.std) = encode_(fit_to_bucket(frames, b), ClipRef{s.key, e.path});
+    s.meta["fps"] = fps;
+    s.meta["frames"] = b.frames;
+    stage = "write";
+    writer_->add(s);
+    ++rep_.written;
+    ++rep_.per_bucket[b.name()];
+    prog_->count("clips");
+    if (fps > 0) rep_.source_seconds += double(b.frames) / fps;
+  }
+
+  // The decode of entry `e`: [data]'s settings and the entry's own window.
+  DecodeOptions decode_options(const ManifestEntry& e) const {
+    DecodeOptions o = decode_;
+    if (e.start >= 0) o.start_seconds = e.start;
+    if (e.end >= 0) o.end_seconds = e.end;
+    return o;
+  }
+
+  // An unusable video is recorded with the category of the stage it failed in ("missing" when a
+  // decode failed because the file is not there).
+  void reject(const ManifestEntry& e, const std::exception& ex, const char* stage) {
+    std::error_code ec;
+    const bool missing = std::string(stage) == "decode" && !fs::exists(e.path, ec);
+    rejects_->add(e.path, e.where, ex.what(), missing ? "missing" : stage);
+  }
+
+  void warn_dense_cuts(const ManifestEntry& e, const ClipCutter& cutter) {
+    ++rep_.warned_by["scenes"];
+    std::fprintf(stderr,
+                 "warning: %s (%s): a scene cut on nearly every frame (%zu cuts in the first %lld frames: strobe, "
+                 "flicker or noise?); the rest of the video is treated as one scene. Raise data.scene_threshold "
+                 "if this video has no such cuts\n",
+                 e.path.c_str(), e.where.c_str(), cutter.cuts().size(), static_cast<long long>(cutter.frames_seen()));
+  }
+
+  // The last shard, this worker's report (done/w{W}) and, when every worker is done, the merge.
+  void finish() {
+    writer_->flush();
+    rep_.rejected = rejects_->count();
+    rep_.rejected_by = rejects_->by_category();
+    rep_.seconds = seconds();
+    board_->update(/*now=*/true);
+    prog_->finish();
+    write_file_atomic(d_.cache_dir + "/done/" + worker_name(worker_), report_json(rep_).dump());
+    int finished = 0;
+    for (int w = 0; w < workers_; ++w) finished += fs::exists(d_.cache_dir + "/done/" + worker_name(w));
+    if (finished == workers_) {
+      merge_prepared(d_.cache_dir);
+      rep_.merged = true;
+    }
+    rep_.seconds = seconds();
+  }
+
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+  const Config& cfg_;
+  const DataConfig& d_;
+  const FrameEncoder& encode_;
+  const CaptionEncoder& captions_;
+  const int worker_, workers_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::vector<Bucket> buckets_;
+  Manifest manifest_;
+  std::unique_ptr<Progress> prog_;
+  std::unique_ptr<ProgressBoard> board_;
+  std::unique_ptr<RejectLog> rejects_;
+  std::unique_ptr<CacheWriter> writer_;
+  DecodeOptions decode_;
+  int64_t longest_ = 0;  // frames of the longest bucket
+  PrepareReport rep_;
+  // Cutting clips (data.clip_seconds > 0 or data.split_scenes).
+  bool cutting_ = false;
+  ClipSpec spec_{};
+  std::map<std::string, std::vector<std::string>> plans_;  // earlier runs' clip plans, by video key
+  std::ofstream plan_log_;
+};
+
+}  // namespace
+
+PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions,
+                            int worker, int workers, const Progress::Options* progress) {
+  return CachePreparer(cfg, encode, captions, worker, workers, progress).run();
 }
 
 std::vector<std::string> stale_captions(const Config& cfg, const std::vector<CacheIndexEntry>& entries,

@@ -43,8 +43,14 @@
 
 namespace vidit {
 
-// RGB frames [T, H, W, 3] uint8 -> (mean, std), each [C, T', H', W'].
-using FrameEncoder = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& frames)>;
+// The clip a frame encoder is given: its cache key and source video (for its messages, and for
+// the fault injection that wraps an encoder, frame_encoder.h).
+struct ClipRef {
+  std::string key;
+  std::string source;
+};
+// RGB frames [T, H, W, 3] uint8 of `clip` -> (mean, std), each [C, T', H', W'].
+using FrameEncoder = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& frames, const ClipRef& clip)>;
 // caption -> [Lt, D] text embedding.
 using CaptionEncoder = std::function<at::Tensor(const std::string& caption)>;
 

@@ -57,7 +57,7 @@ struct Recaptioned {
   // prepare_cache with the run's encoders, counting the frame encoder's calls.
   PrepareReport prepare(int* encodes) const {
     const FrameEncoder encode = make_frame_encoder(cfg);
-    return prepare_cache(cfg, [&](const at::Tensor& f) { ++*encodes; return encode(f); }, make_caption_encoder(cfg));
+    return prepare_cache(cfg, [&](const at::Tensor& f, const ClipRef& clip) { ++*encodes; return encode(f, clip); }, make_caption_encoder(cfg));
   }
   // Every entry of the cache by caption: its latents and text.
   std::map<std::string, std::vector<LatentCache::Loaded>> by_caption() const {

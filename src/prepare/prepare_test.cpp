@@ -2,9 +2,10 @@
 // manifest with good clips in several shapes and every kind of unusable input; the cache holds
 // the good ones in their buckets, rejects.jsonl names each bad one with its reason, a rerun skips
 // everything, --verify catches a damaged shard, and the loader and `vidit train` read the cache.
+// (Two ranks resuming training on the cache are tested in src/train/cache_resume_test.cpp.)
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,19 +15,14 @@
 #include "core/config.h"
 #include "loader/cache_loader.h"
 #include "loader/latent_cache.h"
+#include "prepare/prepared_cache_test_util.h"
 #include "video/video_test_util.h"
-#include "../../tests/mpi_test_util.h"
-#include "checkpoint/checkpoint.h"
 
 namespace vidit {
 namespace {
 namespace fs = std::filesystem;
-using video_test::ffmpeg;
-
-int run(const std::string& cmd) {
-  const int status = std::system(cmd.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using prepare_test::PreparedCache;
+using prepare_test::run;
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;
@@ -36,59 +32,6 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   return out;
 }
-
-struct PreparedCache {
-  test::ScratchDir dir{"prepare"};
-  std::string config;
-  std::map<std::string, std::string> caption_of;  // file name -> caption
-  std::vector<std::string> bad;                    // file names expected in rejects
-
-  PreparedCache() {
-    const std::string v = dir / "videos";
-    fs::create_directories(v);
-    // Good clips: landscape 4:3, portrait 3:4, wide 16:9 (VP9 in WebM), 12 frames each at 8 fps.
-    ffmpeg("-f lavfi -i testsrc2=size=64x48:rate=8 -frames:v 12 -pix_fmt yuv420p -c:v libx264 " + v + "/land.mp4");
-    ffmpeg("-f lavfi -i testsrc2=size=48x64:rate=8 -frames:v 12 -pix_fmt yuv420p -c:v libx264 " + v + "/port.mp4");
-    ffmpeg("-f lavfi -i testsrc2=size=96x54:rate=8 -frames:v 12 -c:v libvpx-vp9 -b:v 200k " + v + "/wide.webm");
-    ffmpeg("-f lavfi -i testsrc2=size=64x48:rate=8 -frames:v 12 -pix_fmt yuv420p -c:v libx264 " + v + "/land2.mp4");
-    // Unusable: too short (3 frames), too small (16x12), truncated, random bytes, empty,
-    // audio only, and a file that does not exist.
-    ffmpeg("-f lavfi -i testsrc2=size=64x48:rate=8 -frames:v 3 -pix_fmt yuv420p -c:v libx264 " + v + "/short.mp4");
-    ffmpeg("-f lavfi -i testsrc2=size=16x12:rate=8 -frames:v 12 -pix_fmt yuv420p -c:v libx264 " + v + "/tiny.mp4");
-    {
-      std::ifstream in(v + "/land.mp4", std::ios::binary);
-      std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      std::ofstream(v + "/truncated.mp4", std::ios::binary) << bytes.substr(0, 300);
-      std::string noise(5000, '\0');
-      for (size_t i = 0; i < noise.size(); ++i) noise[i] = char((i * 2654435761u) >> 13);
-      std::ofstream(v + "/random.mp4", std::ios::binary) << noise;
-      std::ofstream(v + "/empty.mp4");
-    }
-    ffmpeg("-f lavfi -i sine=frequency=440:duration=1 -c:a aac " + v + "/audio.m4a");
-    std::ofstream m(dir / "manifest.jsonl");
-    for (std::string f : {"land.mp4", "port.mp4", "wide.webm", "land2.mp4"}) {
-      caption_of[f] = "clip " + f.substr(0, f.find('.'));
-      m << nlohmann::json{{"path", "videos/" + f}, {"caption", caption_of[f]}}.dump() << "\n";
-    }
-    for (std::string f : {"short.mp4", "tiny.mp4", "truncated.mp4", "random.mp4", "empty.mp4", "audio.m4a", "missing.mp4"}) {
-      bad.push_back(f);
-      m << nlohmann::json{{"path", "videos/" + f}, {"caption", "bad"}}.dump() << "\n";
-    }
-    m << "{broken json\n";
-    config = dir / "prepare.toml";
-    std::ofstream(config) << "[model]\nin_channels = 12\nout_channels = 12\npatch = [1, 2, 2]\n"
-                          << "[data]\nsource = \"cache\"\nmanifest = \"" << (dir / "manifest.jsonl") << "\"\n"
-                          << "cache_dir = \"" << (dir / "cache") << "\"\ncodec = \"demo\"\nshard_mb = 1\n"
-                          << "cache_dtype = \"fp32\"\ndecode_threads = 1\nloader_threads = 2\n"
-                          << "[buckets]\nresolutions = [48]\naspect_ratios = [1.3333333, 0.75, 1.7777778]\n"
-                          << "frames = [5, 9]\nframe_stride = 4\nmultiple = 8\n"
-                          << "[train]\nbatch_size = 2\nsteps = 3\nthreads = 1\nlog_every = 1\nout_dir = \""
-                          << (dir / "run") << "\"\n";
-  }
-  std::string vidit(const std::string& args) const {
-    return std::string(VIDIT_BINARY) + " " + args + " --config " + config;
-  }
-};
 
 TEST(Prepare, TwoWorkersCacheTheGoodClipsAndRejectTheRest) {
   SKIP_WITHOUT_DECODING();
@@ -180,30 +123,6 @@ TEST(Prepare, LoaderResumesExactly) {
   CacheLoader second(cache, cfg);
   second.set_state(saved);
   for (int i = 3; i < 7; ++i) EXPECT_TRUE(at::equal(second.next().latents, expect[size_t(i)])) << "batch " << i;
-}
-
-// Two ranks training on the cache (each with batches of its own and a random stream of its
-// own, for the latents' reparameterisation and the noise): stopped after 3 steps and resumed,
-// the run ends with the weights of the uninterrupted one, bit for bit. Every rank's stream is in
-// the checkpoint; were rank 1 resumed with rank 0's, its noise would differ.
-TEST(Prepare, TwoRanksResumeTrainingOnTheCacheExactly) {
-  SKIP_WITHOUT_DECODING();
-  VIDIT_REQUIRE_MPI();
-  PreparedCache p;
-  ASSERT_EQ(run(p.vidit("prepare") + " > /dev/null 2>&1"), 0);
-  const std::string sets = " --set parallel.replicate=2 train.steps=6 train.warmup_steps=1 train.out_dir=";
-  const std::string whole = p.dir / "whole", parts = p.dir / "parts";
-  auto a = test::mpirun(2, p.vidit("train") + sets + whole);
-  ASSERT_EQ(a.status, 0) << a.output;
-  auto b = test::mpirun(2, p.vidit("train --max-steps 3") + sets + parts);
-  ASSERT_EQ(b.status, 0) << b.output;
-  auto c = test::mpirun(2, p.vidit("train --resume") + sets + parts);
-  ASSERT_EQ(c.status, 0) << c.output;
-  const CheckpointState x = load_checkpoint(*latest_checkpoint(whole)), y = load_checkpoint(*latest_checkpoint(parts));
-  EXPECT_EQ(x.step, 6);
-  EXPECT_EQ(y.step, 6);
-  EXPECT_EQ(y.optimizer.count("rng/train.dp1"), 1u);
-  for (const auto& [name, t] : x.model) EXPECT_TRUE(at::equal(t, y.model.at(name))) << name;
 }
 
 }  // namespace

@@ -102,8 +102,8 @@ bool FaultInjector::glitch(int64_t step) {
   return fire_in_step(FaultKind::glitch, step, "corrupts its first prediction (x 100, once)");
 }
 
-bool FaultInjector::poison_loss(int64_t step) {
-  return fire_in_step(FaultKind::nan_grad, step, "makes its loss NaN (NaN gradients)");
+bool FaultInjector::nan_gradient(int64_t step) {
+  return fire_in_step(FaultKind::nan_grad, step, "makes its gradients NaN in backward (an overflow)");
 }
 
 Storage& FaultInjector::storage_for_save(int64_t step, Storage& base) {

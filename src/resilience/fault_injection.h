@@ -1,6 +1,6 @@
 // Fault injection, part of the product and off by default ([faults] in the config): a real job
 // is made to fail the way clusters fail, so that every recovery mechanism is shown working by a
-// run of the real binary under a real launcher (src/resilience/fault_recovery_test.cpp,
+// run of the real binary under a real launcher (src/train/fault_recovery_test.cpp,
 // tests/faults/run_matrix.sh). On rank `faults.rank`:
 //  - after step `faults.step`: exit (status 17), kill (SIGKILL: no handler, no flush: a node
 //    that dies), sigterm (a scheduler's preemption; stop_signal.h), hang (stops making
@@ -8,16 +8,18 @@
 //    corruption);
 //  - slow: from step `faults.step` on, its forward pass takes `faults.seconds` longer: a slow
 //    device, which the others wait for (a straggler, diagnose/stragglers.h);
-//  - nan_grad: in step `faults.step`, its loss, and so its gradients, become NaN (what an
-//    overflow does); the gradient reductions carry the NaN to every rank, and every rank skips
-//    that update (train_step.cpp);
+//  - nan_grad: in step `faults.step`, the gradient of its prediction, and so every gradient it
+//    computes, becomes NaN in backward (what an overflow does); the gradient reductions carry
+//    the NaN to every rank, and every rank skips that update (train_step.cpp);
 //  - poison_sample: in step `faults.step`, its first sample's latents are multiplied by 1000
 //    (a sample with extreme values that passed every check: the spike detector blames it);
 //  - glitch: in step `faults.step`, its first sample's prediction is multiplied by 100, once (a
 //    transient error of the device: re-running the step does not reproduce it);
-//  - poison_cache: not in training but when the cache is prepared (prepare/prepare.cpp): the
-//    sample whose cache key or source file name is `faults.sample` is written with its latents
-//    x 1000 and a valid checksum, in every attempt (the data itself is bad);
+//    (these four are injected by wrappers of what the step calls, train/step_faults.h)
+//  - poison_cache: not in training but when the cache is prepared (a wrapper of the frame
+//    encoder, prepare/frame_encoder.h): the sample whose cache key or source file name is
+//    `faults.sample` is written with its latents x 1000 and a valid checksum, in every attempt
+//    (the data itself is bad);
 //  - while it writes its part of the checkpoint of step `faults.step`: disk_full, io_error,
 //    slow_storage, kill_in_save (faulty_storage.h);
 //  - corrupt_checkpoint, truncate_checkpoint: after that checkpoint is committed, rank 0
@@ -58,9 +60,9 @@ class FaultInjector {
   // checkpoint is on disk when the process dies is known (a death during a save is
   // kill_in_save's case). The same on all ranks, as every rank reads the same config.
   bool process_fault_after(int64_t step) const;
-  // In step `step`: true when this rank's loss is to be made NaN (so its gradients are, and
-  // the reductions carry them to every rank).
-  bool poison_loss(int64_t step);
+  // In step `step`: true when this rank's gradients are to be made NaN (the reductions carry
+  // them to every rank).
+  bool nan_gradient(int64_t step);
   // In step `step`: true when this rank's first sample is to be poisoned (its latents x 1000).
   bool poison_sample(int64_t step);
   // In step `step`: true when this rank's first prediction is to be corrupted (x 100), once.

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 
 #include "core/gpu_events.h"
 #include "core/trace.h"
@@ -60,7 +59,6 @@ StepResult Trainer::step() {
     }
     at::Tensor x0 = mb.latents.to(at::kFloat);
     const int64_t B = x0.size(0);
-    if (B > 0 && faults_.poison_sample(step_ + 1)) x0[0].mul_(1000);
     // Random numbers are drawn for the whole global batch (data parallel: this rank keeps its
     // rows), so each sample gets the same ones whatever the number of ranks.
     const int64_t global = mb.global_rows > 0 ? mb.global_rows : B;
@@ -96,9 +94,6 @@ StepResult Trainer::step() {
       trace::Span span("forward", "step");
       AutocastGuard autocast(tc.precision, device_.type());
       pred = pm_->model()->forward(fs.x_t, fs.timestep, dev(text));
-      faults_.slow_compute(step_ + 1);
-      if (B > 0 && faults_.glitch(step_ + 1)) pred = pred * at::where(at::arange(pred.size(0), pred.options()) == 0, 100.0, 1.0)
-                                                                .view({-1, 1, 1, 1, 1});
     }
     at::Tensor loss = flow_loss(pred, fs.target);
     const at::Tensor sample_mean = loss.detach();  // the batch's mean loss, read after backward
@@ -113,7 +108,6 @@ StepResult Trainer::step() {
       if (tc.spike_rerun) replay.push_back({fs.x_t, fs.timestep, dev(text), fs.target, B});
     }
     if (share != 1) loss = loss * share;
-    if (faults_.poison_loss(step_ + 1)) loss = loss * std::numeric_limits<double>::quiet_NaN();
     loss = loss / double(tc.grad_accum);
     // Backward, with the gradient reductions of the parallel model around it (data-parallel
     // buckets launched as the last micro-batch's backward finishes them, FSDP reduce-scatters):

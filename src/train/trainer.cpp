@@ -38,6 +38,7 @@
 #include "checkpoint/checkpoint.h"
 #include "train/run_control.h"
 #include "train/run_weights.h"
+#include "train/step_faults.h"
 #include "train/step_windows.h"
 
 namespace vidit {
@@ -88,6 +89,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                                            cfg.train.stall_min_s)),
       stragglers_(cfg.train.straggler_threshold, cfg.train.straggler_patience),
       spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
+  data_ = with_step_faults(data_, cfg.faults, faults_, step_);  // [faults] of the step: train/step_faults.h
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   if (device_.is_cuda() && device_.has_index()) use_gpu(device_.index());
   hosts_ = gather_hosts(*mesh_->world());
@@ -177,6 +179,7 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
                                            : 0;
   // Every parallelism of the mesh, in one place; params() are what this rank updates.
   pm_ = parallelize(std::move(model), mesh_, cfg, activations ? &*activations : nullptr, std::move(adapters));
+  install_step_faults(*pm_->model(), cfg.faults, faults_, step_);
   if (init) {
     load_init_parts(*pm_, *init);
     report_init(*init, /*parts=*/cfg.parallel.shard > 1 || cfg.parallel.tensor > 1, is_lead());

@@ -627,7 +627,7 @@ run_case second_failure --args "faults.kind=exit faults.step=7 faults.rank=0 fau
 run_case torchrun_max_restarts --launcher torchrun --args "faults.kind=kill faults.step=5 faults.rank=1" --exits 137,0 \
   --fired "0 1 fault injection: $KILL" --resumes "1 4" --note "the agent restarts the workers"
 run_case nan_gradient --args "faults.kind=nan_grad faults.step=5 faults.rank=1" --exits 0 --equal no \
-  --fired "0 1 fault injection: rank 1 makes its loss NaN \(NaN gradients\) of step 5$" --check nan_check
+  --fired "0 1 fault injection: rank 1 makes its gradients NaN in backward \(an overflow\) of step 5$" --check nan_check
 # One bit of one replica's weights flips (2 replicas, DDP, in every attempt; the reference run
 # has that mesh too): found before the save of step 6 (exit 87, both ranks named: two replicas
 # have no majority), resumed from step 4.

@@ -1,20 +1,23 @@
 // FSDP / HSDP in real processes under mpirun: training with sharded parameters, gradients and
 // optimizer state gives the single-process losses and parameters (fp32); each member keeps 1/S
 // of the state and none of the model's own weights between steps; a checkpoint written at one
-// mesh resumes at another and continues as the uninterrupted run. What a gather sends: FP8
-// projection weights in e4m3 give bitwise the run that gathers them in fp32 for the bytes
-// `vidit plan` predicts; weights in bf16 halve the bytes.
-#include "parallel/fsdp.h"
-
+// mesh resumes at another as the uninterrupted run; FP8 weights gathered in e4m3 train bitwise as
+// gathered in fp32, for the bytes `vidit plan` predicts; weights gathered in bf16 halve the bytes.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
-#include <sstream>
+#include <filesystem>
 
 #include "../../tests/test_util.h"
+#include "loader/dataset.h"
+#include "model/state_dict.h"
+#include "parallel/comm.h"
+#include "parallel/fsdp.h"
+#include "parallel/launch_env.h"
+#include "parallel/mesh.h"
 #include "../../tests/mpi_test_util.h"
 #include "parallel/plan.h"
-#include "model/state_dict.h"
 #include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 

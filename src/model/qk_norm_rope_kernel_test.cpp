@@ -2,6 +2,7 @@
 // path, RMSNorm then RoPE through ATen autograd in fp64; on a CUDA build with a GPU, the fused
 // kernels against the references for fp32 and bf16 inputs and every launch path (vector and
 // scalar loads; backward blocks that take several rows).
+// (In model/: the RoPE tables are the model's own, model/rope.h.)
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 

@@ -1,5 +1,6 @@
 // The fused CPU RMSNorm and RoPE against their ATen compositions: values and both gradients,
 // fp32 and fp64, odd sizes (rows not a multiple of the grain, one row, head dims of 2 and 6).
+// (In model/: the RoPE tables are the model's own, model/rope.h.)
 #include <gtest/gtest.h>
 
 #include "kernels/rmsnorm_cpu.h"

@@ -1,7 +1,5 @@
 #include "checkpoint/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -109,50 +107,46 @@ uint64_t write_file(Storage& storage, const std::string& path, const TensorMap& 
   return data_start;
 }
 
-// Reads the file written by write_file back and checks every byte against what was meant to be
-// written; returns the file's entry of the manifest (its size, each tensor's checksum, of the
-// bytes read back). The read-back streams the file through one buffer (read(2), not a mapping:
-// page faults over gigabytes cost more than the copy), compares each chunk with the tensor's
-// memory and hashes it while it is in cache: one pass over the state besides the write. A
-// tensor that is not finite fails the file (so the part, so the save): a non-finite state is
-// never committed. (A sum in double is finite exactly when every value is: fp32's largest times
-// any tensor's size stays far below double's range.)
-nlohmann::json verify_file(const std::string& path, const TensorMap& tensors, uint64_t data_start, int64_t step) {
+// Reads the file written by write_file back through `storage` and checks every byte against
+// what was meant to be written; returns the file's entry of the manifest (its size, each
+// tensor's checksum, of the bytes read back). The read-back streams the file through one buffer
+// (ranged reads, not a mapping: page faults over gigabytes cost more than the copy), compares
+// each chunk with the tensor's memory and hashes it while it is in cache: one pass over the
+// state besides the write. A tensor that is not finite fails the file (so the part, so the
+// save): a non-finite state is never committed. (A sum in double is finite exactly when every
+// value is: fp32's largest times any tensor's size stays far below double's range.)
+nlohmann::json verify_file(Storage& storage, const std::string& path, const TensorMap& tensors, uint64_t data_start,
+                           int64_t step) {
   std::vector<std::pair<std::string, at::Tensor>> order;  // the file's order (the map's), CPU, contiguous
   for (const auto& [key, t] : tensors) order.emplace_back(key, t.detach().to(at::kCPU).contiguous());
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  VIDIT_CHECK(fd >= 0, "checkpoint part '", path, "' cannot be read back: ", std::strerror(errno));
+  std::unique_ptr<ReadableFile> file;
+  try {
+    file = storage.open(path);
+  } catch (const std::exception& e) {
+    fail("checkpoint part '", path, "' cannot be read back: ", e.what());
+  }
   std::vector<char> buf(8 << 20);
-  XXH3_state_t* state = XXH3_createState();
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
   nlohmann::json sums = nlohmann::json::object();
   uint64_t at = data_start;
-  try {
-    for (const auto& [key, t] : order) {
-      VIDIT_CHECK(!t.is_floating_point() || std::isfinite(t.sum(at::kDouble).item<double>()), "refusing to save step ",
-                  step, ": the training state is not finite ('", key, "' in ", path,
-                  "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
-      XXH3_64bits_reset(state);
-      const char* want = static_cast<const char*>(t.data_ptr());
-      const uint64_t bytes = uint64_t(t.numel()) * t.element_size();
-      for (uint64_t done = 0; done < bytes;) {
-        const ssize_t n = ::pread(fd, buf.data(), size_t(std::min<uint64_t>(bytes - done, buf.size())), off_t(at));
-        VIDIT_CHECK(n > 0, "checkpoint part '", path, "' reads back short at byte ", at, " (",
-                    n < 0 ? std::strerror(errno) : "end of file", "): the storage lost data");
-        VIDIT_CHECK(std::memcmp(buf.data(), want + done, size_t(n)) == 0, "checkpoint part '", path, "': '", key,
-                    "' reads back different from what was written (storage fault)");
-        XXH3_64bits_update(state, buf.data(), size_t(n));
-        at += uint64_t(n), done += uint64_t(n);
-      }
-      sums[key] = hex64(XXH3_64bits_digest(state));
+  for (const auto& [key, t] : order) {
+    VIDIT_CHECK(!t.is_floating_point() || std::isfinite(t.sum(at::kDouble).item<double>()), "refusing to save step ",
+                step, ": the training state is not finite ('", key, "' in ", path,
+                "); the last good checkpoint is kept. Lower train.lr or raise train.warmup_steps");
+    XXH3_64bits_reset(state.get());
+    const char* want = static_cast<const char*>(t.data_ptr());
+    const uint64_t bytes = uint64_t(t.numel()) * t.element_size();
+    for (uint64_t done = 0; done < bytes;) {
+      const size_t n = file->read_at(at, buf.data(), size_t(std::min<uint64_t>(bytes - done, buf.size())));
+      VIDIT_CHECK(n > 0, "checkpoint part '", path, "' reads back short at byte ", at, " (end of file): the storage lost data");
+      VIDIT_CHECK(std::memcmp(buf.data(), want + done, n) == 0, "checkpoint part '", path, "': '", key,
+                  "' reads back different from what was written (storage fault)");
+      XXH3_64bits_update(state.get(), buf.data(), n);
+      at += n, done += n;
     }
-  } catch (...) {
-    XXH3_freeState(state);
-    ::close(fd);
-    throw;
+    sums[key] = hex64(XXH3_64bits_digest(state.get()));
   }
-  XXH3_freeState(state);
-  ::close(fd);
-  const uintmax_t size = fs::file_size(path);
+  const uint64_t size = storage.size(path);
   VIDIT_CHECK(size == at, "checkpoint part '", path, "' has ", size, " bytes, not the ", at, " written");
   return {{"bytes", size}, {"tensors", sums}};
 }
@@ -245,8 +239,8 @@ PartRecord write_checkpoint_part(const std::string& tmp_dir, const CheckpointSta
     const uint64_t data_start = write_file(storage, path, *m);
     collect();
     verifying_file = file;
-    verifying = std::async(std::launch::async, [path, m, data_start, step = s.step] {
-      return verify_file(path, *m, data_start, step);
+    verifying = std::async(std::launch::async, [&storage, path, m, data_start, step = s.step] {
+      return verify_file(storage, path, *m, data_start, step);
     });
   }
   collect();

@@ -83,5 +83,54 @@ TEST(CheckpointCommit, NeedsEveryPartsRecordAtItsRecordedSize) {
                                              "optimizer.part-00001-of-00002.safetensors"}));
 }
 
+// The writer reads each file back through the same Storage it wrote it with (so an object store
+// checks its own copy): a store that gives back other bytes than it took, or fewer, fails the
+// part, naming the file and the tensor, and no record is made.
+class LossyStorage : public ForwardingStorage {
+ public:
+  enum class Loss { flip, short_read };
+  LossyStorage(Storage& base, Loss loss) : ForwardingStorage(base), loss_(loss) {}
+  std::unique_ptr<ReadableFile> open(const std::string& path) override {
+    struct Lossy : ReadableFile {
+      std::unique_ptr<ReadableFile> inner;
+      Loss loss;
+      size_t read_at(uint64_t offset, void* out, size_t bytes) override {
+        if (loss == Loss::short_read) return 0;  // the file ends before its tensors
+        const size_t n = inner->read_at(offset, out, bytes);
+        if (n > 0) static_cast<char*>(out)[n - 1] ^= 0x10;  // one bit of the last byte
+        return n;
+      }
+      const std::string& path() const override { return inner->path(); }
+    };
+    auto f = std::make_unique<Lossy>();
+    f->inner = base().open(path);
+    f->loss = loss_;
+    return f;
+  }
+
+ private:
+  Loss loss_;
+};
+
+TEST(CheckpointCommit, AWriteTheStorageDoesNotGiveBackFailsThePart) {
+  test::ScratchDir dir("commit_readback");
+  TwoParts s;
+  for (auto [loss, says] : {std::pair{LossyStorage::Loss::flip, std::string("reads back different from what was written")},
+                            std::pair{LossyStorage::Loss::short_read, std::string("reads back short")}}) {
+    LossyStorage lossy(local_storage(), loss);
+    const std::string tmp = begin_checkpoint(dir.path(), s.meta.step, lossy);
+    try {
+      write_checkpoint_part(tmp, s.parts[0], false, lossy);
+      FAIL() << "a part the storage does not give back was recorded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(".part-00000-of-00002.safetensors'"), std::string::npos) << e.what();
+    }
+  }
+  // The same part through the storage itself verifies.
+  const std::string tmp = begin_checkpoint(dir.path(), s.meta.step, local_storage());
+  EXPECT_EQ(write_checkpoint_part(tmp, s.parts[0], false, local_storage()).files.size(), 2u);
+}
+
 }  // namespace
 }  // namespace vidit

@@ -598,17 +598,20 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
     LatentCache cache(cfg.data.cache_dir);
     auto bad = cache.verify_all();
     for (const auto& b : bad) std::printf("BAD %s\n", b.c_str());
-    // And the inputs: entries whose caption the manifest no longer gives (with data.manifest set).
-    std::vector<std::string> stale;
-    int64_t missing = 0;
+    // And the inputs: entries their inputs no longer match (with data.manifest set).
+    StaleReport inputs;
     if (!cfg.data.manifest.empty()) {
       std::vector<CacheIndexEntry> entries;
       for (int64_t i = 0; i < cache.size(); ++i) entries.push_back(cache.entry(i));
-      stale = stale_captions(cfg, entries, &missing);
-      for (const auto& s : stale) std::printf("STALE %s\n", s.c_str());
+      inputs = stale_entries(cfg, entries);
+      for (const auto& s : inputs.stale) std::printf("STALE %s\n", s.c_str());
     }
+    const auto& stale = inputs.stale;
     std::printf("verified %lld samples in %s: %zu failed their checksum, %zu stale, %lld not in the manifest\n",
-                (long long)cache.size(), cfg.data.cache_dir.c_str(), bad.size(), stale.size(), (long long)missing);
+                (long long)cache.size(), cfg.data.cache_dir.c_str(), bad.size(), stale.size(), (long long)inputs.missing);
+    if (inputs.unrecorded > 0)
+      std::printf("%lld samples recorded nothing of how they were made (written before vidit kept records): their "
+                  "captions were compared, not their videos or settings\n", (long long)inputs.unrecorded);
     return !bad.empty() ? 4 : !stale.empty() ? 5 : 0;
   }
   if (merge_only) {

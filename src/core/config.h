@@ -65,6 +65,10 @@ VIDIT_CONFIG_ENUM(TimestepSampling, uniform, logit_normal)
 VIDIT_CONFIG_ENUM(Solver, unipc, euler)
 // data.balance: what each step's per-rank batches are made equal in (loader/bucket_sampler.h).
 VIDIT_CONFIG_ENUM(Balance, tokens, cost)
+// data.on_change: what `vidit prepare` does with cached clips made with other encode settings.
+VIDIT_CONFIG_ENUM(OnChange, stop, reencode)
+// data.source_identity: how a cached clip's source video is known again (prepare/provenance.h).
+VIDIT_CONFIG_ENUM(SourceIdentity, stat, content)
 #undef VIDIT_CONFIG_ENUM
 
 // The spelling of an enum value ("auto" for `automatic`), and the value of a spelling.
@@ -100,7 +104,13 @@ using StrList = std::vector<std::string>;
   KEY(int64_t, text_len, 8, positive, "text tokens; shorter captions are zero-padded (Wan: 512)")      \
   KEY(int64_t, freq_dim, 256, even_positive, "sinusoidal timestep embedding width")                    \
   KEY(double, eps, 1e-6, positive, "LayerNorm / RMSNorm epsilon")                                      \
-  KEY(double, rope_theta, 100.0, positive, "RoPE base (Wan: 10000; the demo's small grid wants faster angles)")
+  KEY(double, rope_theta, 100.0, positive, "RoPE base (Wan: 10000; the demo's small grid wants faster angles)") \
+  KEY(int64_t, image_dim, 0, non_negative,                                                             \
+      "image-to-video: width of the CLIP image features attended beside the text (Wan 2.1 I2V: 1280, "  \
+      "with in_channels = 36: the noisy latent, a 4-channel mask and the condition's latent); 0 = none") \
+  KEY(int64_t, image_pos_tokens, 0, non_negative,                                                      \
+      "first-and-last-frame models: a learned position embedding over this many image tokens (Wan "    \
+      "FLF2V: 514, two images of 257); 0 = none")
 
 #define VIDIT_DATA_KEYS(KEY)                                                                           \
   KEY(DataSource, source, DataSource::demo, any,                                                       \
@@ -142,7 +152,15 @@ using StrList = std::vector<std::string>;
   KEY(bool, split_scenes, false, any,                                                                  \
       "vidit prepare: find hard cuts in the decoded low-resolution frames and make no clip that crosses one") \
   KEY(double, scene_threshold, 0.5, fraction,                                                          \
-      "a cut is where consecutive frames' luma histograms differ by more than this (total variation distance, 0..1)")
+      "a cut is where consecutive frames' luma histograms differ by more than this (total variation distance, 0..1)") \
+  KEY(OnChange, on_change, OnChange::stop, any,                                                        \
+      "vidit prepare, when cached clips of the manifest were made with other settings (data.codec, "   \
+      "data.vae_weights, data.fps, data.cache_dtype, data.square_pixels, [buckets]): \"stop\" names them " \
+      "and changes nothing; \"reencode\" encodes those clips again with this run's settings")          \
+  KEY(SourceIdentity, source_identity, SourceIdentity::stat, any,                                      \
+      "how vidit prepare knows a source video again: \"stat\" (its path under the manifest's folder, "  \
+      "size and modification time) or \"content\" (also a hash of its bytes, taken when it is encoded; " \
+      "a file whose time changed is read again and is the same video when its bytes are)")
 
 // Bucket shapes (src/loader/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,

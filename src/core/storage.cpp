@@ -65,6 +65,34 @@ class PosixFile : public WritableFile {
   uint64_t written_ = 0, flushed_ = 0;
 };
 
+class PosixReadable : public ReadableFile {
+ public:
+  explicit PosixReadable(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail_system(errno, "'", path, "' cannot be opened: ", std::strerror(errno));
+  }
+  ~PosixReadable() override { ::close(fd_); }
+  size_t read_at(uint64_t offset, void* out, size_t bytes) override {
+    char* p = static_cast<char*>(out);
+    size_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = ::pread(fd_, p + got, bytes - got, off_t(offset + got));
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail_system(errno, "'", path_, "' cannot be read at byte ", offset + got, ": ", std::strerror(errno));
+      }
+      got += size_t(n);
+    }
+    return got;
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 class LocalStorage : public Storage {
  public:
   std::unique_ptr<WritableFile> create(const std::string& path) override { return std::make_unique<PosixFile>(path); }
@@ -110,6 +138,7 @@ class LocalStorage : public Storage {
     ::close(fd);
     return out;
   }
+  std::unique_ptr<ReadableFile> open(const std::string& path) override { return std::make_unique<PosixReadable>(path); }
   bool exists(const std::string& path) override {
     struct stat st {};
     return ::stat(path.c_str(), &st) == 0;

@@ -1,6 +1,6 @@
 // Storage: the few file-system operations a checkpoint save and load need (create and append to
-// a file, fsync it, rename, remove, make directories; map a file, read a small one; whether a
-// path exists, a directory's names, a file's size), behind one small interface, so that a wrapper
+// a file, fsync it, rename, remove, make directories; map a file, read a small one, read any
+// range of one; whether a path exists, a directory's names, a file's size), behind one small interface, so that a wrapper
 // can stand between the writer and the disk. ForwardingStorage passes every call on to another
 // Storage; a wrapper derives from it and changes only what it needs. The fault injection's
 // failing and slow storage is one (resilience/faulty_storage.h); a remote object store would be
@@ -8,6 +8,7 @@
 // the reading calls are SystemError (core/error.h), carrying errno.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,6 +28,16 @@ class WritableFile {
   virtual const std::string& path() const = 0;
 };
 
+// A file open for reading at any offset. Destroying it closes it.
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+  // Up to `bytes` bytes from `offset` into `out`: fewer only at the end of the file (0 past it).
+  // Throws SystemError on a failure.
+  virtual size_t read_at(uint64_t offset, void* out, size_t bytes) = 0;
+  virtual const std::string& path() const = 0;
+};
+
 class Storage {
  public:
   virtual ~Storage() = default;
@@ -41,6 +52,9 @@ class Storage {
   // file's bytes. Throw SystemError (ENOENT for a file that is not there).
   virtual std::unique_ptr<MappedFile> map(const std::string& path, const std::string& what) = 0;
   virtual std::string read(const std::string& path) = 0;
+  // `path` for reads at any offset (a writer's read-back of what it wrote, streamed through a
+  // buffer). SystemError, ENOENT when it is not there.
+  virtual std::unique_ptr<ReadableFile> open(const std::string& path) = 0;
   // What is there: whether `path` exists (a file or a directory); the names directly inside the
   // directory `dir`, sorted (none when `dir` is not there); a file's size in bytes (SystemError,
   // ENOENT when it is not there).
@@ -71,6 +85,7 @@ class ForwardingStorage : public Storage {
     return base_.map(path, what);
   }
   std::string read(const std::string& path) override { return base_.read(path); }
+  std::unique_ptr<ReadableFile> open(const std::string& path) override { return base_.open(path); }
   bool exists(const std::string& path) override { return base_.exists(path); }
   std::vector<std::string> list(const std::string& dir) override { return base_.list(dir); }
   uint64_t size(const std::string& path) override { return base_.size(path); }

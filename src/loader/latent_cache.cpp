@@ -98,6 +98,7 @@ nlohmann::json CacheIndexEntry::to_json() const {
                    {"checksum", hex64(checksum)}, {"meta", meta}};
   if (!text_ref.empty()) j["text_ref"] = text_ref;
   if (rev > 0) j["rev"] = rev;
+  if (!made.is_null()) j["made"] = made;
   return j;
 }
 
@@ -112,6 +113,7 @@ CacheIndexEntry CacheIndexEntry::from_json(const nlohmann::json& j, const std::s
     e.meta = j.value("meta", nlohmann::json::object());
     e.text_ref = j.value("text_ref", std::string());
     e.rev = j.value("rev", int64_t(0));
+    if (auto m = j.find("made"); m != j.end()) e.made = *m;
   } catch (const nlohmann::json::exception& ex) {
     fail(where, ": bad cache index entry (", ex.what(), "); re-run vidit prepare to rewrite it");
   }
@@ -146,7 +148,7 @@ CacheSample read_cached_sample(const std::string& dir, const CacheIndexEntry& e)
     return it->second.clone();  // the mapping goes with this function
   };
   CacheSample s;
-  s.key = e.key, s.bucket = e.bucket, s.text_ref = e.text_ref, s.meta = e.meta, s.rev = e.rev;
+  s.key = e.key, s.bucket = e.bucket, s.text_ref = e.text_ref, s.meta = e.meta, s.rev = e.rev, s.made = e.made;
   s.mean = get("mean"), s.std = get("std");
   if (e.text_ref.empty()) s.text = get("text");
   if (checksum(s.mean, s.std, s.text) != e.checksum)
@@ -167,7 +169,8 @@ CacheWriter::CacheWriter(std::string dir, int worker, int64_t shard_bytes, at::S
     for (const auto& e : read_index_file(p)) {
       auto it = done_.find(e.key);
       if (it != done_.end() && it->second.rev >= e.rev) continue;
-      done_[e.key] = CachedKey{e.rev, e.shard, e.text_ref, caption_digest(e.meta.value("caption", std::string()))};
+      done_[e.key] = CachedKey{e.rev, e.shard, e.text_ref, caption_digest(e.meta.value("caption", std::string())),
+                               e.made.is_null() ? std::string() : e.made.dump(), e.meta.value("source", std::string())};
     }
     const std::string stem = fs::path(p).stem().string();
     if (stem.rfind(prefix, 0) == 0) next_shard_ = std::max<int64_t>(next_shard_, std::stoll(stem.substr(5)) + 1);
@@ -201,7 +204,9 @@ void CacheWriter::add(const CacheSample& s) {
   e.shape = mean.sizes().vec();
   e.checksum = checksum(mean, std, text);
   e.rev = s.rev;
-  done_[s.key] = CachedKey{s.rev, "", s.text_ref, caption_digest(s.meta.value("caption", std::string()))};
+  e.made = s.made;
+  done_[s.key] = CachedKey{s.rev, "", s.text_ref, caption_digest(s.meta.value("caption", std::string())),
+                           s.made.is_null() ? std::string() : s.made.dump(), s.meta.value("source", std::string())};
   pending_index_.push_back(std::move(e));
   pending_bytes_ += int64_t(2 * mean.numel() * mean.element_size() + (text.defined() ? text.numel() * 4 : 0));
   if (pending_bytes_ >= shard_bytes_) flush();

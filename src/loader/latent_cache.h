@@ -8,7 +8,8 @@
 //   index.jsonl                  all index parts merged, sorted by key (merge_cache_index)
 // W is the writer (a worker process of prepare), N its shard counter. Each index line holds the
 // key, shard file, bucket name, latent shape, a 64-bit xxHash checksum of the sample's bytes,
-// the text reference (if any) and free-form metadata (source path, clip range, fps, caption).
+// the text reference (if any), free-form metadata (source path, clip range, fps, caption) and
+// the record of what made it ("made", prepare/provenance.h), which reruns compare with their inputs.
 //
 // Writes are atomic per shard: the shard file, then its index part, each through a temporary
 // name, fsync and rename. A sample counts as done only when its index part exists, so a run
@@ -42,6 +43,8 @@ struct CacheSample {
   // Revision of the key: a later revision of a key replaces the earlier one (a re-captioned clip's
   // new text). 0 for a key's first sample.
   int64_t rev = 0;
+  // What made it (prepare/provenance.h: source, window, encode settings, text), or null.
+  nlohmann::json made;
 };
 
 struct CacheIndexEntry {
@@ -50,6 +53,7 @@ struct CacheIndexEntry {
   uint64_t checksum = 0;
   int64_t rev = 0;             // "rev" in the line, absent for 0 (caches written before it)
   nlohmann::json meta;
+  nlohmann::json made;         // "made": what made it (prepare/provenance.h); null in caches written before it
   nlohmann::json to_json() const;
   static CacheIndexEntry from_json(const nlohmann::json& j, const std::string& where);
 };
@@ -68,11 +72,14 @@ class CacheCorruption : public Error {
 };
 
 // What a rerun of prepare needs to know of a key already cached: its latest revision, where it
-// is, and what it was made from (the caption's hash, or the precomputed embedding file).
+// is, and what it was made from (the caption's hash, or the precomputed embedding file; and the
+// whole record of what made it, compact JSON, empty in caches written before it was recorded).
 struct CachedKey {
   int64_t rev = 0;
   std::string shard, text_ref;
   uint64_t caption_digest = 0;
+  std::string made;
+  std::string source;  // meta's "source": the path the video was read from
 };
 uint64_t caption_digest(const std::string& caption);
 

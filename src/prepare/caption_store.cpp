@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "prepare/provenance.h"
 #include "text/text_encoder.h"
 
 namespace vidit {
@@ -30,6 +31,24 @@ std::string caption_hash(const std::string& caption) {
 
 // Captions per file of the store (and per call of the encoder's batching).
 constexpr size_t kCaptionsPerFile = 256;
+
+// A worker's index: {"encoder": identity, "captions": {hash: file}}; a store written before the
+// encoder was recorded holds the captions map alone (encoder "": judged by what it recorded).
+struct StoreIndex {
+  std::string encoder;
+  nlohmann::json captions;
+};
+
+StoreIndex read_store_index(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  if (j.contains("captions") && j.contains("encoder")) return {j.at("encoder").get<std::string>(), j.at("captions")};
+  return {"", j};
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 }  // namespace
 
@@ -50,24 +69,35 @@ CaptionStore CaptionStore::build(const Config& cfg, const std::vector<std::strin
   st.dir = cfg.data.cache_dir + "/text";
   fs::create_directories(st.dir);
   const std::string index_path = st.dir + "/w" + std::to_string(worker) + ".index.json";
+  // Which encoder made an embedding is part of it: an index made by another encoder (weights,
+  // tokenizer, dtype, text_len) is not used, so a changed text.encoder embeds every caption again.
+  const std::string encoder = text_encoder_identity(cfg);
+  int64_t other_encoder = 0;
   // Every worker's index: a caption another slice embedded is not embedded again.
   for (const auto& e : fs::directory_iterator(st.dir)) {
     const std::string name = e.path().filename().string();
     if (name.size() < 11 || name.substr(name.size() - 11) != ".index.json") continue;
     try {
-      nlohmann::json j = nlohmann::json::parse(std::ifstream(e.path()));
-      for (auto& [h, f] : j.items())
+      const StoreIndex index = read_store_index(e.path().string());
+      if (index.encoder != encoder && !index.encoder.empty()) {
+        other_encoder += int64_t(index.captions.size());
+        continue;
+      }
+      for (auto& [h, f] : index.captions.items())
         if (fs::exists(st.dir + "/" + f.get<std::string>())) st.file_of[h] = st.dir + "/" + f.get<std::string>();
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "warning: %s is unreadable (%s): its captions are embedded again\n", e.path().c_str(), ex.what());
     }
   }
-  nlohmann::json own = nlohmann::json::object();
+  if (other_encoder > 0)
+    std::printf("[prepare] %lld captions in %s were embedded by another text encoder: embedded again\n",
+                (long long)other_encoder, st.dir.c_str());
+  StoreIndex own{encoder, nlohmann::json::object()};
   if (fs::exists(index_path)) {
     try {
-      own = nlohmann::json::parse(std::ifstream(index_path));
+      StoreIndex was = read_store_index(index_path);
+      if (was.encoder == encoder || was.encoder.empty()) own.captions = was.captions;
     } catch (const std::exception&) {
-      own = nlohmann::json::object();
     }
   }
 
@@ -78,7 +108,9 @@ CaptionStore CaptionStore::build(const Config& cfg, const std::vector<std::strin
     if (!seen.insert(h).second) continue;
     if (!st.file_of.count(h)) todo.push_back(c);
   }
-  const bool need_null = worker == 0 && !fs::exists(st.dir + "/null.safetensors");
+  const std::string null_path = st.dir + "/null.safetensors", null_encoder = st.dir + "/null.encoder";
+  const bool need_null =
+      worker == 0 && (!fs::exists(null_path) || (fs::exists(null_encoder) && read_text(null_encoder) != encoder));
   CaptionStoreReport rep;
   rep.captions = int64_t(seen.size());
   if (!todo.empty() || need_null) {
@@ -123,10 +155,11 @@ CaptionStore CaptionStore::build(const Config& cfg, const std::vector<std::strin
       const std::string name = "w" + std::to_string(worker) + "-" + std::to_string(file_no++) + ".safetensors";
       save_safetensors(st.dir + "/" + name, tensors);
       for (const auto& c : ok) {
-        own[caption_hash(c)] = name;
+        own.captions[caption_hash(c)] = name;
         st.file_of[caption_hash(c)] = st.dir + "/" + name;
       }
-      write_file_atomic(index_path, own.dump());  // after each file: a rerun keeps what is done
+      // After each file: a rerun keeps what is done.
+      write_file_atomic(index_path, nlohmann::json{{"encoder", own.encoder}, {"captions", own.captions}}.dump());
       rep.embedded += int64_t(ok.size());
       std::printf("[prepare] captions %lld / %zu embedded\n", (long long)rep.embedded, todo.size());
       std::fflush(stdout);
@@ -137,7 +170,8 @@ CaptionStore CaptionStore::build(const Config& cfg, const std::vector<std::strin
       text::EncodedCaptions n = enc.encode_captions(extra);
       TensorMap t{{"text", n.embedding[0].slice(0, 0, n.lengths[0]).to(store_dtype).contiguous()}};
       if (extra.size() > 1) t["negative"] = n.embedding[1].slice(0, 0, n.lengths[1]).to(store_dtype).contiguous();
-      save_safetensors(st.dir + "/null.safetensors", t);
+      save_safetensors(null_path, t);
+      write_file_atomic(null_encoder, encoder);
     }
   }  // the encoder is freed here, before any VAE exists
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -6,11 +6,13 @@
 //
 // <cache_dir>/text/
 //   w<worker>-<n>.safetensors   a batch of captions: key = xxHash64 of the caption (hex), [len, D]
-//   w<worker>.index.json        caption hash -> file, for reruns (captions already there are not
-//                               embedded again) and for the clips
+//   w<worker>.index.json        the text encoder's identity (provenance.h: its weights, tokenizer,
+//                               dtype, text_len) and caption hash -> file, for reruns (captions
+//                               already there by the same encoder are not embedded again; another
+//                               encoder's are) and for the clips
 //   null.safetensors            "text": the empty prompt's embedding (classifier-free guidance's
 //                               null text in training), and "negative": sample.negative_prompt's
-//                               when it is set
+//                               when it is set; null.encoder: the identity of its encoder
 //
 // A caption that cannot be embedded (not UTF-8) is left out and named when its clip asks for it,
 // so that clip is rejected with the reason and the run goes on; a caption longer than

@@ -85,6 +85,28 @@ TEST(CaptionStore, PrepareEmbedsCaptionsWithUmt5BeforeTheVideos) {
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_NE(again.output.find("0 embedded now"), std::string::npos) << again.output;
   EXPECT_NE(again.output.find("0 written, 2 already cached"), std::string::npos) << again.output;
+
+  // Another text encoder (here its compute dtype, part of its identity): the store's embeddings
+  // are another encoder's, so every caption is embedded again, and the cached clips get the new
+  // text without their videos being encoded again (the cache's records name the encoder too).
+  auto other = test::run_process(std::string(VIDIT_BINARY) + " prepare --config " + config +
+                                 " --set 'text.dtype=\"bf16\"' 2>&1");
+  ASSERT_EQ(other.status, 0) << other.output;
+  EXPECT_NE(other.output.find("were embedded by another text encoder: embedded again"), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find("captions: 3 distinct, 2 embedded now"), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find("0 written, 0 already cached, 2 re-embedded"), std::string::npos) << other.output;
+  cfg.text.dtype = Precision::bf16;
+  text::TextEncoderOptions bf16 = text::text_encoder_options(cfg);
+  bf16.device = at::kCPU;
+  text::TextEncoder enc16(bf16);
+  LatentCache after(dir / "cache");
+  ASSERT_EQ(after.size(), 2);
+  for (int64_t i = 0; i < after.size(); ++i) {
+    const std::string name = fs::path(after.entry(i).meta["source"].get<std::string>()).stem().string();
+    const text::EncodedCaptions want = enc16.encode_captions({captions.at(name)});
+    EXPECT_TRUE(at::allclose(after.load(i).text, want.embedding[0].slice(0, 0, want.lengths[0]).to(at::kFloat), 1e-6, 1e-6))
+        << name << ": the text is not the new encoder's";
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -160,6 +161,22 @@ void read_folder(const std::string& dir, Manifest& m) {
 
 }  // namespace
 
+// A clip listed twice (the same video, by its normalised absolute path, and window) would be
+// prepared twice, and trained on twice as often: the later lines are rejections naming the first.
+void reject_repeats(Manifest& m) {
+  std::map<std::string, std::string> first;  // clip -> where it was listed first
+  std::vector<ManifestEntry> kept;
+  for (ManifestEntry& e : m.entries) {
+    char window[64];
+    std::snprintf(window, sizeof window, "|%.17g|%.17g", e.start, e.end);
+    const std::string clip = fs::absolute(e.path).lexically_normal().string() + window;
+    auto [at, fresh] = first.emplace(clip, e.where);
+    if (fresh) kept.push_back(std::move(e));
+    else m.rejected.push_back({e.where, "repeats " + at->second + " (the same video and window): each clip is listed once"});
+  }
+  m.entries = std::move(kept);
+}
+
 Manifest read_manifest(const std::string& path) {
   Manifest m;
   VIDIT_CHECK(fs::exists(path), "manifest '", path, "' does not exist");
@@ -173,6 +190,7 @@ Manifest read_manifest(const std::string& path) {
   if (ext == ".csv") read_csv(path, m);
   else if (ext == ".jsonl" || ext == ".json") read_jsonl(path, m);
   else fail("manifest '", path, "': unknown format; use a .jsonl or .csv file, or a folder of videos with .txt captions");
+  reject_repeats(m);
   return m;
 }
 

@@ -8,7 +8,8 @@
 //   - a folder: every video file under it (mp4, mkv, webm, mov, avi, m4v), each with a sidecar
 //     caption file of the same name and extension .txt.
 // Relative paths are resolved against the manifest's folder. A line that cannot be used (bad
-// JSON, no path, no caption, end <= start, missing sidecar) is returned as a rejection with its
+// JSON, no path, no caption, end <= start, missing sidecar, the same video and window as an
+// earlier line) is returned as a rejection with its
 // line and reason, never thrown, so one bad line does not stop a million-clip run.
 #pragma once
 #include <string>

@@ -19,6 +19,7 @@
 #include "loader/latent_cache.h"
 #include "prepare/manifest.h"
 #include "prepare/progress_board.h"
+#include "prepare/provenance.h"
 #include "video/video_decoder.h"
 
 namespace vidit {
@@ -58,19 +59,20 @@ void check_text_embedding(const std::string& path, const ModelConfig& m) {
 }
 
 nlohmann::json report_json(const PrepareReport& r) {
-  return {{"entries", r.entries}, {"written", r.written}, {"already_done", r.already_done}, {"reembedded", r.reembedded}, {"rejected", r.rejected},
+  return {{"entries", r.entries}, {"written", r.written}, {"already_done", r.already_done}, {"reembedded", r.reembedded}, {"reencoded", r.reencoded}, {"rejected", r.rejected},
           {"seconds", r.seconds}, {"source_seconds", r.source_seconds}, {"per_bucket", r.per_bucket},
           {"rejected_by", r.rejected_by}, {"videos_cut", r.videos_cut}, {"warned_by", r.warned_by}};
 }
 
-// The key under which a video's clip plan is recorded: its path and manifest window, and every
+// The key under which a video's clip plan is recorded: its path as recorded (`path`: under the
+// manifest's folder, so that a moved data set finds its plans), manifest window, and every
 // setting that changes which clips it gives.
-std::string video_plan_key(const ManifestEntry& e, const DataConfig& d) {
+std::string video_plan_key(const std::string& path, const ManifestEntry& e, const DataConfig& d) {
   char settings[160];
   std::snprintf(settings, sizeof settings, "|clips %.17g %.17g %lld %d %.17g fps %.17g", d.clip_seconds,
                 d.clip_stride_seconds, static_cast<long long>(d.max_clips_per_video), int(d.split_scenes),
                 d.scene_threshold, d.fps);
-  return cache_key(e.path + settings, e.start, e.end);
+  return cache_key(path + settings, e.start, e.end);
 }
 
 // clips/w*.jsonl of every worker: video plan key -> the keys of its clips (the latest line wins).
@@ -128,7 +130,7 @@ class CachePreparer {
  public:
   CachePreparer(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions, int worker, int workers,
                 const Progress::Options* progress)
-      : cfg_(cfg), d_(cfg.data), encode_(encode), captions_(captions), worker_(worker), workers_(workers) {
+      : cfg_(cfg), d_(cfg.data), encode_(encode), captions_(captions), worker_(worker), workers_(workers), prov_(cfg) {
     VIDIT_CHECK(!d_.manifest.empty(), cfg.source, ": vidit prepare needs data.manifest (a .jsonl / .csv file or a folder)");
     VIDIT_CHECK(!d_.cache_dir.empty(), cfg.source, ": vidit prepare needs data.cache_dir (where the cache goes)");
     VIDIT_CHECK(workers >= 1 && worker >= 0 && worker < workers, "vidit prepare: worker ", worker, " of ", workers,
@@ -139,6 +141,9 @@ class CachePreparer {
                 "length of the clips cut from each scene), e.g. data.clip_seconds = 5");
     buckets_ = make_buckets(cfg.buckets);
     manifest_ = read_manifest(d_.manifest);
+    writer_ = std::make_unique<CacheWriter>(d_.cache_dir, worker, d_.shard_mb << 20,
+                                            d_.cache_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat);
+    read_records();  // may stop the run (data.on_change = "stop") before anything is changed
     fs::create_directories(d_.cache_dir + "/rejects");
     fs::create_directories(d_.cache_dir + "/done");
     fs::remove(d_.cache_dir + "/done/" + worker_name(worker));
@@ -157,8 +162,6 @@ class CachePreparer {
     rejects_ = std::make_unique<RejectLog>(d_.cache_dir + "/rejects/" + worker_name(worker) + ".jsonl", *prog_);
     if (worker == 0)
       for (const auto& r : manifest_.rejected) rejects_->add("", r.where, r.reason, "manifest");
-    writer_ = std::make_unique<CacheWriter>(d_.cache_dir, worker, d_.shard_mb << 20,
-                                            d_.cache_dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat);
     decode_.target_fps = d_.fps;
     decode_.threads = int(d_.decode_threads);
     decode_.device = parse_decode_device(name_of(d_.decoder), "data.decoder");
@@ -195,16 +198,17 @@ class CachePreparer {
 
   // Entry `e` as one clip (its manifest window, at most the longest bucket's frames).
   void prepare_whole(const ManifestEntry& e) {
-    const std::string key = cache_key(e.path, e.start, e.end);
+    std::string key = cache_key(e.path, e.start, e.end);
+    const nlohmann::json source = source_record(e);
     int64_t rev = 0;
-    if (const Reuse r = reuse_cached(e, key, rev); r != Reuse::none) {
-      board_->update();
-      if (r == Reuse::kept) prog_->skip();
-      else prog_->advance();
-      return;
-    }
     const char* stage = "decode";  // where a failure happened names its reject category
     try {
+      if (const Reuse r = reuse_cached(e, source, e.start, e.end, key, rev); r != Reuse::none) {
+        board_->update();
+        if (r == Reuse::kept) prog_->skip();
+        else prog_->advance();
+        return;
+      }
       DecodeOptions o = decode_options(e);
       o.max_frames = longest_;
       DecodedVideo v = decode_video(e.path, o);
@@ -219,6 +223,7 @@ class CachePreparer {
       caption_into(e, s);
       s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
                 {"source_size", {v.width, v.height}}};
+      s.made = prov_.made(e, source.is_null() ? prov_.source(e.path) : source, e.start, e.end);
       encode_and_write(e, v.frames, v.fps > 0 ? v.fps : 0, s, stage);
     } catch (const std::exception& ex) {
       reject(e, ex, stage);  // one unusable video never stops the run
@@ -230,8 +235,14 @@ class CachePreparer {
   // Entry `e` cut into clips (data.clip_seconds), decoded as a stream unless every clip of an
   // earlier run's plan for it is cached.
   void cut_video(const ManifestEntry& e) {
-    const std::string vkey = video_plan_key(e, d_);
-    if (all_clips_cached(e, vkey)) {
+    const std::string vkey = video_plan_key(prov_.relative(e.path), e, d_);
+    const nlohmann::json source = source_record(e);
+    bool cached = false;
+    try {
+      cached = all_clips_cached(e, source, vkey);
+    } catch (const std::exception&) {  // the decode below meets the problem and names it
+    }
+    if (cached) {
       ++rep_.videos_cut;
       board_->update();
       prog_->skip();
@@ -253,11 +264,12 @@ class CachePreparer {
       double last = -1, interval = 0;  // the latest frame's time and the gap before it
       auto handle = [&](std::vector<ClipCutter::Clip> clips) {
         for (auto& c : clips) {
-          const std::string key = cache_key(e.path, c.window.start, c.window.end);
+          std::string key = cache_key(e.path, c.window.start, c.window.end);
+          int64_t rev = 0;
+          const Reuse reuse = reuse_cached(e, source, c.window.start, c.window.end, key, rev);
           const int64_t index = int64_t(keys.size());
           keys.push_back(key);
-          int64_t rev = 0;
-          if (reuse_cached(e, key, rev) != Reuse::none) {
+          if (reuse != Reuse::none) {
             ++usable;
             continue;
           }
@@ -271,6 +283,7 @@ class CachePreparer {
             s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", c.window.start}, {"end", c.window.end},
                       {"clip", index}, {"source_size", {width, height}}};
             if (c.window.whole) s.meta["whole_video"] = true;
+            s.made = prov_.made(e, source.is_null() ? prov_.source(e.path) : source, c.window.start, c.window.end);
             encode_and_write(e, c.frames, fps, s, clip_stage);
             ++usable;
           } catch (const std::exception& ex) {
@@ -308,15 +321,22 @@ class CachePreparer {
     prog_->advance();
   }
 
-  // True when every clip of the plan recorded for the video `vkey` is in a finished shard: each
-  // is kept, or given its new caption, without decoding the video.
-  bool all_clips_cached(const ManifestEntry& e, const std::string& vkey) {
+  // True when every clip of the plan recorded for the video `vkey` is in a finished shard, made
+  // from this video with this run's settings: each is kept, or given its new text, without
+  // decoding the video. (Otherwise the video is decoded and each clip judged by reuse_cached.)
+  bool all_clips_cached(const ManifestEntry& e, const nlohmann::json& source, const std::string& vkey) {
     const auto it = plans_.find(vkey);
     if (it == plans_.end()) return false;
-    for (const auto& k : it->second)
-      if (!writer_->done().count(k)) return false;
+    std::vector<std::pair<std::string, bool>> text_changed;  // each clip, and whether its text changed
     for (const auto& k : it->second) {
-      if (!stale_caption(e, writer_->done().at(k))) {
+      const auto c = writer_->done().find(k);
+      if (c == writer_->done().end()) return false;
+      const ProvenanceChange ch = prov_.compare(c->second.made, e, source);
+      if (!ch.source.empty() || !ch.encode.empty()) return false;
+      text_changed.emplace_back(k, ch.recorded ? !ch.text.empty() : stale_caption(e, c->second));
+    }
+    for (const auto& [k, changed] : text_changed) {
+      if (!changed) {
         keep_cached();
         continue;
       }
@@ -331,14 +351,94 @@ class CachePreparer {
     return true;
   }
 
-  // The clip `key` of entry `e` when a finished shard holds it: kept as it is, or re-embedded
-  // when its caption changed. `rev` is the revision a new encode must write: 0, or one above the
-  // cached entry's when its latents could not be read to re-embed it (then Reuse::none).
-  Reuse reuse_cached(const ManifestEntry& e, const std::string& key, int64_t& rev) {
+  // The source record of entry `e`'s video (provenance.h), or null when it cannot be read (a
+  // clip cached from it is then kept: its video may have been removed after it was encoded).
+  nlohmann::json source_record(const ManifestEntry& e) const {
+    try {
+      return prov_.source(e.path);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }
+
+  // What the cache's entries recorded of how they were made: the lookup of a moved data set's
+  // clips (their path under the manifest's root and window), and, with data.on_change = "stop",
+  // the check that the clips of this manifest were made with this run's encode settings (the
+  // same on every worker: each reads the whole index and the whole manifest).
+  void read_records() {
+    std::set<std::string> listed;  // this manifest's videos, by recorded path
+    for (const ManifestEntry& e : manifest_.entries) listed.insert(prov_.relative(e.path));
+    std::map<std::string, int64_t> changed;  // the differing settings -> clips
+    for (const auto& [key, c] : writer_->done()) {
+      if (c.made.empty()) continue;
+      const nlohmann::json made = nlohmann::json::parse(c.made);
+      const std::string path = made.at("source").value("path", std::string());
+      const auto& w = made.at("window");
+      by_identity_[identity(path, w.at(0).get<double>(), w.at(1).get<double>())] = key;
+      if (d_.on_change == OnChange::stop && listed.count(path)) {
+        const auto diff = encode_differences(made.value("encode", nlohmann::json::object()), prov_.encode());
+        if (!diff.empty()) {
+          std::string all;
+          for (const auto& d : diff) all += (all.empty() ? "" : "; ") + d;
+          ++changed[all];
+        }
+      }
+    }
+    if (changed.empty()) return;
+    std::string what;
+    int64_t clips = 0;
+    for (const auto& [diff, n] : changed) what += "\n  " + std::to_string(n) + " clip(s): " + diff, clips += n;
+    fail("vidit prepare: ", clips, " cached clip(s) of this manifest in ", d_.cache_dir,
+         " were made with other settings than this run's (recorded -> now):", what,
+         "\nNothing was changed. Set data.on_change = \"reencode\" to encode them again with this run's settings, "
+         "or point data.cache_dir at a new cache");
+  }
+
+  static std::string identity(const std::string& path, double start, double end) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "|%.17g|%.17g", start, end);
+    return path + buf;
+  }
+
+  // The cached entry of the clip of `e` in [start, end]: under `key`, or, when a data set moved,
+  // under the key of the entry recorded with the same path under the manifest's root and the
+  // same window whose video is no longer where it was read (then `key` becomes that key, and
+  // the clip keeps it). Null when neither.
+  const CachedKey* find_cached(const ManifestEntry& e, double start, double end, std::string& key) const {
+    if (auto c = writer_->done().find(key); c != writer_->done().end()) return &c->second;
+    const auto moved = by_identity_.find(identity(prov_.relative(e.path), start, end));
+    if (moved == by_identity_.end()) return nullptr;
+    const CachedKey& c = writer_->done().at(moved->second);
+    std::error_code ec;
+    if (!c.source.empty() && fs::exists(c.source, ec)) return nullptr;  // another video, still there
+    key = moved->second;
+    return &c;
+  }
+
+  // The clip of entry `e` in [start, end] (key `key`) when a finished shard holds it (found by
+  // find_cached, which may change `key`): kept as it is; re-embedded when its caption or text
+  // encoder changed; or, when its video was replaced or it was made with other encode settings
+  // (data.on_change = "reencode"), Reuse::none with `rev` one above the cached entry's, as also
+  // when its latents could not be read to re-embed it. `rev` is 0 for a clip not cached.
+  Reuse reuse_cached(const ManifestEntry& e, const nlohmann::json& source, double start, double end, std::string& key,
+                     int64_t& rev) {
     rev = 0;
-    const auto cached = writer_->done().find(key);
-    if (cached == writer_->done().end()) return Reuse::none;
-    if (!stale_caption(e, cached->second)) {
+    const CachedKey* cached = find_cached(e, start, end, key);
+    if (!cached) return Reuse::none;
+    const ProvenanceChange ch = prov_.compare(cached->made, e, source);
+    if (!ch.source.empty() || !ch.encode.empty()) {
+      // (Other settings reach here only with "reencode": read_records() stops the run otherwise.)
+      if (ch.source.empty() && d_.on_change != OnChange::reencode)
+        fail("clip ", key, " was made with other settings (", ch.encode.front(), "); set data.on_change = \"reencode\"");
+      std::fprintf(stderr, "%s (%s): clip %s is encoded again: %s\n", e.path.c_str(), e.where.c_str(), key.c_str(),
+                   !ch.source.empty() ? ("the video was replaced, " + ch.source).c_str()
+                                      : ("other settings, " + ch.encode.front()).c_str());
+      ++rep_.reencoded;
+      prog_->count("re-encoded");
+      rev = cached->rev + 1;
+      return Reuse::none;
+    }
+    if (!(ch.recorded ? !ch.text.empty() : stale_caption(e, *cached))) {
       keep_cached();
       return Reuse::kept;
     }
@@ -348,7 +448,7 @@ class CachePreparer {
     } catch (const std::exception& ex) {  // its latents unreadable: encoded again from the frames
       std::fprintf(stderr, "warning: %s (%s): clip %s: %s; encoding it again\n", e.path.c_str(), e.where.c_str(),
                    key.c_str(), ex.what());
-      rev = cached->second.rev + 1;
+      rev = cached->rev + 1;
       return Reuse::none;
     }
   }
@@ -373,6 +473,7 @@ class CachePreparer {
     s.text_ref.clear();
     caption_into(e, s);
     s.meta["caption"] = e.caption;
+    if (!s.made.is_null()) s.made["text"] = prov_.text(e);  // an entry without a record keeps none
     ++s.rev;
     writer_->add(s);
     ++rep_.reembedded;
@@ -460,6 +561,8 @@ class CachePreparer {
   const FrameEncoder& encode_;
   const CaptionEncoder& captions_;
   const int worker_, workers_;
+  Provenance prov_;
+  std::map<std::string, std::string> by_identity_;  // recorded path|start|end -> key (moved data sets)
   const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   std::vector<Bucket> buckets_;
   Manifest manifest_;
@@ -484,37 +587,59 @@ PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const
   return CachePreparer(cfg, encode, captions, worker, workers, progress).run();
 }
 
-std::vector<std::string> stale_captions(const Config& cfg, const std::vector<CacheIndexEntry>& entries,
-                                        int64_t* missing) {
+StaleReport stale_entries(const Config& cfg, const std::vector<CacheIndexEntry>& entries) {
   const Manifest manifest = read_manifest(cfg.data.manifest);
+  const Provenance prov(cfg);
   const bool precomputed = cfg.data.text_encoder == TextEncoder::precomputed;
-  std::map<std::string, const ManifestEntry*> by_key, by_source;
+  std::map<std::string, const ManifestEntry*> by_key, by_source, by_identity;
   std::set<std::string> repeated;  // videos listed more than once (several windows)
   for (const ManifestEntry& e : manifest.entries) {
     by_key[cache_key(e.path, e.start, e.end)] = &e;
     if (!by_source.emplace(e.path, &e).second) repeated.insert(e.path);
+    if (!by_identity.emplace(prov.relative(e.path), &e).second) repeated.insert(prov.relative(e.path));
   }
-  std::vector<std::string> out;
-  int64_t gone = 0;
+  StaleReport r;
   for (const CacheIndexEntry& c : entries) {
     const std::string source = c.meta.value("source", std::string());
+    const std::string recorded = c.made.is_null() ? std::string() : c.made.at("source").value("path", std::string());
     const ManifestEntry* e = nullptr;
     if (auto k = by_key.find(c.key); k != by_key.end()) e = k->second;
     else if (auto s = by_source.find(source); s != by_source.end() && !repeated.count(source)) e = s->second;
+    else if (auto i = by_identity.find(recorded); i != by_identity.end() && !repeated.count(recorded)) e = i->second;
     if (!e) {
-      ++gone;
+      ++r.missing;
       continue;
     }
     std::ostringstream line;
     line << c.key << " " << source << " [" << c.meta.value("start", -1.0) << ", " << c.meta.value("end", -1.0) << "]: ";
-    if (precomputed ? c.text_ref != e->text_embedding : c.meta.value("caption", std::string()) != e->caption) {
-      line << (precomputed ? "text_embedding file changed" : "caption changed") << " (" << e->where
-           << "); a rerun of vidit prepare gives it the new text without encoding the video again";
-      out.push_back(line.str());
+    std::vector<std::string> why;
+    if (c.made.is_null()) {
+      ++r.unrecorded;
+      if (precomputed ? c.text_ref != e->text_embedding : c.meta.value("caption", std::string()) != e->caption)
+        why.push_back(std::string(precomputed ? "text_embedding file changed" : "caption changed") + " (" + e->where +
+                      "); a rerun of vidit prepare gives it the new text without encoding the video again");
+    } else {
+      nlohmann::json src;
+      try {
+        src = prov.source(e->path);
+      } catch (const std::exception&) {  // not there: the rest of the record is still compared
+      }
+      const ProvenanceChange ch = prov.compare(c.made.dump(), *e, src);
+      if (!ch.source.empty()) why.push_back("the video was replaced: " + ch.source + "; a rerun encodes it again");
+      if (!ch.encode.empty()) {
+        std::string all;
+        for (const auto& d : ch.encode) all += (all.empty() ? "" : "; ") + d;
+        why.push_back("made with other settings (" + all + "); a rerun with data.on_change = \"reencode\" encodes it again");
+      }
+      if (!ch.text.empty())
+        why.push_back(ch.text + " (" + e->where + "); a rerun of vidit prepare gives it the new text without encoding "
+                      "the video again");
     }
+    if (why.empty()) continue;
+    for (size_t i = 0; i < why.size(); ++i) line << (i ? "; " : "") << why[i];
+    r.stale.push_back(line.str());
   }
-  if (missing) *missing = gone;
-  return out;
+  return r;
 }
 
 PrepareReport prepare_totals(const std::string& cache_dir, int workers) {
@@ -533,6 +658,7 @@ PrepareReport prepare_totals(const std::string& cache_dir, int workers) {
     all.written += j.value("written", int64_t(0));
     all.already_done += j.value("already_done", int64_t(0));
     all.reembedded += j.value("reembedded", int64_t(0));
+    all.reencoded += j.value("reencoded", int64_t(0));
     all.rejected += j.value("rejected", int64_t(0));
     all.seconds = std::max(all.seconds, j.value("seconds", 0.0));
     all.source_seconds += j.value("source_seconds", 0.0);
@@ -554,6 +680,7 @@ std::string prepare_summary(const PrepareReport& r, const std::string& title) {
   rows.emplace_back("clips written", num(r.written));
   rows.emplace_back("already cached", num(r.already_done));
   if (r.reembedded > 0) rows.emplace_back("re-embedded", num(r.reembedded) + " (new caption, latents kept)");
+  if (r.reencoded > 0) rows.emplace_back("re-encoded", num(r.reencoded) + " (video replaced, or other settings)");
   for (const auto& [c, n] : r.rejected_by) rows.emplace_back("rejected: " + c, num(n));
   rows.emplace_back("rejected", num(r.rejected));
   for (const auto& [c, n] : r.warned_by) rows.emplace_back("warnings: " + c, num(n));

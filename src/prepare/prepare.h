@@ -58,7 +58,9 @@ struct PrepareReport {
   int64_t entries = 0;         // manifest entries in this worker's slice
   int64_t written = 0;         // samples added to the cache by this run
   int64_t already_done = 0;    // found in finished shards and skipped
-  int64_t reembedded = 0;      // found with another caption: new text, latents copied (a new revision)
+  int64_t reembedded = 0;      // found with another caption or text encoder: new text, latents copied (a new revision)
+  int64_t reencoded = 0;       // found made from another video at its path, or with other settings
+                               // (data.on_change = "reencode"): encoded again (a new revision)
   int64_t rejected = 0;        // manifest lines and clips that could not be used
   bool merged = false;         // this worker merged the indexes (it finished last)
   double seconds = 0;
@@ -86,12 +88,18 @@ std::string prepare_summary(const PrepareReport& r, const std::string& title);
 // Re-merges index parts and rejects (after workers finished without the last one merging).
 int64_t merge_prepared(const std::string& cache_dir);
 
-// `vidit prepare --verify`'s check of the inputs: one line per cached sample whose manifest
-// caption (or precomputed embedding file) is no longer the one it was made with, "<key> <source>
-// [start, end]: ...". A sample is found by its key (a whole video's window) or, for a clip cut
-// from a video, by its source when the manifest has that video once. Samples of videos no longer
-// in the manifest are counted in `*missing`.
-std::vector<std::string> stale_captions(const Config& cfg, const std::vector<CacheIndexEntry>& entries,
-                                        int64_t* missing = nullptr);
+// `vidit prepare --verify`'s check of the inputs: one line per cached sample that its inputs no
+// longer match, "<key> <source> [start, end]: ...": its video replaced, its encode settings not
+// this config's, its caption, embedding file or text encoder changed (provenance.h). A sample is
+// found by its key, by its recorded path under the manifest's root and window (a data set that
+// moved), or, for a clip cut from a video, by its source when the manifest has that video once.
+// Samples of videos no longer in the manifest are counted in `*missing`; samples that recorded
+// nothing of how they were made (written before records were kept, judged by their caption
+// alone) in `*unrecorded`.
+struct StaleReport {
+  std::vector<std::string> stale;
+  int64_t missing = 0, unrecorded = 0;
+};
+StaleReport stale_entries(const Config& cfg, const std::vector<CacheIndexEntry>& entries);
 
 }  // namespace vidit

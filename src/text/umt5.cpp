@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/hf_checkpoint.h"
 #include "core/mapped_file.h"
 
 namespace fs = std::filesystem;
@@ -25,13 +26,6 @@ namespace fs = std::filesystem;
 namespace vidit::text {
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
 
 std::string block_key(int64_t n, const std::string& rest) {
   return "encoder.block." + std::to_string(n) + ".layer." + rest;
@@ -141,71 +135,10 @@ TensorMap read_pickled_state_dict(const std::string& file) {
   return out;
 }
 
-// The weight files of a folder and its config.json (or "" when there is none).
-struct WeightFiles {
-  std::vector<std::string> files;
-  std::string config;
-  std::string index;  // model.safetensors.index.json when sharded
-};
+using WeightFiles = HfWeightFiles;
 
 WeightFiles find_weight_files(const std::string& path) {
-  std::error_code ec;
-  WeightFiles w;
-  VIDIT_CHECK(fs::exists(path, ec), "umT5 weights: '", path, "' does not exist: pass a text_encoder folder "
-              "(config.json + model.safetensors), a diffusers pipeline folder, or a .safetensors / .pth file");
-  if (fs::is_regular_file(path, ec)) {
-    w.files = {path};
-    const fs::path cfg = fs::path(path).parent_path() / "config.json";
-    if (fs::is_regular_file(cfg, ec)) w.config = cfg.string();
-    return w;
-  }
-  fs::path dir(path);
-  const bool has_own = fs::exists(dir / "config.json", ec) || fs::exists(dir / "model.safetensors", ec) ||
-                       fs::exists(dir / "model.safetensors.index.json", ec);
-  if (!has_own && fs::is_directory(dir / "text_encoder", ec)) dir /= "text_encoder";
-  if (fs::is_regular_file(dir / "config.json", ec)) w.config = (dir / "config.json").string();
-  const fs::path index = dir / "model.safetensors.index.json";
-  if (fs::is_regular_file(index, ec)) {
-    w.index = index.string();
-    nlohmann::json j;
-    try {
-      std::ifstream in(index);
-      j = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      fail("umT5 weights: cannot parse the shard index '", index.string(), "': ", e.what());
-    }
-    VIDIT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "umT5 weights: '", index.string(),
-                "' has no weight_map object; is it a Hugging Face sharded-checkpoint index?");
-    std::set<std::string> shards;
-    for (const auto& [key, file] : j["weight_map"].items()) {
-      VIDIT_CHECK(file.is_string(), "umT5 weights: '", index.string(), "': weight_map[\"", key, "\"] is not a file name");
-      shards.insert(file.get<std::string>());
-    }
-    for (const auto& s : shards) {
-      const fs::path f = dir / s;
-      VIDIT_CHECK(fs::is_regular_file(f, ec), "umT5 weights: shard '", f.string(), "' named by '", index.string(),
-                  "' is missing; download every model-*-of-*.safetensors file");
-      w.files.push_back(f.string());
-    }
-    return w;
-  }
-  if (fs::is_regular_file(dir / "model.safetensors", ec)) {
-    w.files = {(dir / "model.safetensors").string()};
-    return w;
-  }
-  // A folder holding one weight file under another name (Wan's models_t5_umt5-xxl-enc-bf16.*).
-  std::vector<std::string> st, pth;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const auto ext = e.path().extension().string();
-    if (ext == ".safetensors") st.push_back(e.path().string());
-    if (ext == ".pth" || ext == ".pt") pth.push_back(e.path().string());
-  }
-  if (st.size() == 1) w.files = st;
-  else if (st.empty() && pth.size() == 1) w.files = pth;
-  else
-    fail("umT5 weights: no model.safetensors (nor model.safetensors.index.json) in '", dir.string(),
-         "'; pass the text_encoder folder of a Hugging Face / diffusers checkpoint or the weight file itself");
-  return w;
+  return find_hf_weight_files(path, "text_encoder", "umT5 weights", /*allow_pth=*/true);
 }
 
 Umt5Config resolve_config(const WeightFiles& w, const std::map<std::string, std::vector<int64_t>>& shapes,

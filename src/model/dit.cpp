@@ -23,7 +23,7 @@ at::Tensor sinusoidal_embedding(const at::Tensor& t, int64_t dim) {
 
 DiTBlockImpl::DiTBlockImpl(const ModelConfig& c) : eps(c.eps) {
   self_attn = register_module("self_attn", SelfAttention(c.dim, c.heads, c.eps));
-  cross_attn = register_module("cross_attn", CrossAttention(c.dim, c.heads, c.eps));
+  cross_attn = register_module("cross_attn", CrossAttention(c.dim, c.heads, c.eps, c.image_dim > 0 ? c.text_len : 0));
   norm3 = register_module("norm3", LayerNorm(c.dim, c.eps));
   fc1 = Linear(c.dim, c.ffn_dim);
   fc2 = Linear(c.ffn_dim, c.dim);
@@ -98,6 +98,26 @@ at::Tensor PatchEmbeddingImpl::forward(const at::Tensor& x) {
   return at::conv3d(x, weight, bias, {patch[0], patch[1], patch[2]});
 }
 
+// LayerNorms of PyTorch's default epsilon (1e-5), as Wan's image embedding has them.
+ImageEmbeddingImpl::ImageEmbeddingImpl(const ModelConfig& c) {
+  proj = register_module("proj", nn::Sequential(LayerNorm(c.image_dim, 1e-5), Linear(c.image_dim, c.image_dim),
+                                                nn::GELU(), Linear(c.image_dim, c.dim), LayerNorm(c.dim, 1e-5)));
+  if (c.image_pos_tokens > 0)
+    emb_pos = register_parameter("emb_pos", new_parameter({1, c.image_pos_tokens, c.image_dim},
+                                                          [](at::Tensor& t) { t.zero_(); }));
+}
+
+at::Tensor ImageEmbeddingImpl::forward(const at::Tensor& image) {
+  at::Tensor x = fp32(image);
+  if (emb_pos.defined()) {
+    VIDIT_CHECK(x.size(1) == emb_pos.size(1), "DiT: this model's image embedding takes ", emb_pos.size(1),
+                " image tokens (model.image_pos_tokens: the first and last frames' features, one after the "
+                "other), got ", x.size(1));
+    x = x + fp32(emb_pos);
+  }
+  return fp32(proj->forward(x));
+}
+
 HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {
   head = register_module("head", Linear(c.dim, c.out_channels * c.patch[0] * c.patch[1] * c.patch[2]));
   modulation = register_parameter("modulation", new_parameter({1, 2, c.dim}, [](at::Tensor& t) { t.zero_(); }));
@@ -117,6 +137,7 @@ DiTImpl::DiTImpl(const ModelConfig& c) : cfg(c) {
   time_embedding =
       register_module("time_embedding", nn::Sequential(Linear(c.freq_dim, c.dim), nn::SiLU(), Linear(c.dim, c.dim)));
   time_projection = register_module("time_projection", nn::Sequential(nn::SiLU(), Linear(c.dim, 6 * c.dim)));
+  if (c.image_dim > 0) img_emb = register_module("img_emb", ImageEmbedding(c));
   blocks = register_module("blocks", nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(DiTBlock(c));
   head = register_module("head", Head(c));
@@ -138,7 +159,7 @@ DiT dit_without_storage(const ModelConfig& cfg, at::Device device) {
   return DiT(cfg);
 }
 
-at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) {
+at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, const at::Tensor& image) {
   const auto& c = cfg;
   VIDIT_CHECK(x.dim() == 5 && x.size(1) == c.in_channels, "DiT: latents must be [B, ", c.in_channels,
               ", T, H, W], got ", x.sizes());
@@ -159,6 +180,14 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   at::Tensor e0 = fp32(time_projection->forward(e)).unflatten(1, {6, c.dim});
   at::Tensor padded = at::constant_pad_nd(text, {0, 0, 0, c.text_len - text.size(1)});
   at::Tensor context = text_embedding->forward(padded);
+  VIDIT_CHECK(image.defined() == (c.image_dim > 0), "DiT: ",
+              c.image_dim > 0 ? "an image-to-video model (model.image_dim > 0) needs the image's CLIP features"
+                              : "image features given to a text-to-video model (model.image_dim = 0)");
+  if (image.defined()) {
+    VIDIT_CHECK(image.dim() == 3 && image.size(0) == B && image.size(2) == c.image_dim, "DiT: image features must be [",
+                B, ", tokens, ", c.image_dim, "], got ", image.sizes());
+    context = at::cat({img_emb->forward(image).to(context.scalar_type()), context}, 1);
+  }
   auto [cos, sin] = rope_tables(f, h, w, c.dim / c.heads, c.rope_theta, x.device());
   if (token_split.scatter) {
     tokens = token_split.scatter(tokens, 1);

@@ -4,6 +4,9 @@
 //   timestep t [B] (sigma*1000) --sinusoid(freq_dim)--> time_embedding --> e [B, dim]
 //                                 time_projection(e) --> e0 [B, 6, dim]  (shared adaLN)
 //   text [B, <=text_len, text_dim] --zero-pad--> text_embedding --> context [B, text_len, dim]
+//   image-to-video (image_dim > 0): CLIP features [B, Li, image_dim] --img_emb--> [B, Li, dim],
+//     placed before the text in the context (each block's cross-attention attends to both);
+//     x then holds 36 channels: the noisy latent, the condition mask and the condition's latent
 //   blocks: self-attn (modulated, gated) -> cross-attn -> MLP (modulated, gated)
 //   head: LayerNorm, modulate by head.modulation + e, Linear --> unpatchify [B, C_out, T, H, W]
 //
@@ -54,6 +57,18 @@ struct PatchEmbeddingImpl : torch::nn::Module {
 };
 TORCH_MODULE(PatchEmbedding);
 
+// Image-to-video: CLIP image features [B, Li, image_dim] -> context tokens [B, Li, dim]:
+// LayerNorm, Linear, GELU, Linear, LayerNorm (registered as the Sequential "proj": keys proj.0,
+// proj.1, proj.3, proj.4, Wan's), after a learned position embedding `emb_pos` [1, Li, image_dim]
+// when image_pos_tokens is set (first-and-last-frame models).
+struct ImageEmbeddingImpl : torch::nn::Module {
+  explicit ImageEmbeddingImpl(const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& image);
+  torch::nn::Sequential proj{nullptr};
+  at::Tensor emb_pos;  // undefined without image_pos_tokens
+};
+TORCH_MODULE(ImageEmbedding);
+
 struct HeadImpl : torch::nn::Module {
   HeadImpl(const ModelConfig& cfg);
   // x [B, L, dim], e [B, dim] -> [B, L, out_channels * pt * ph * pw]
@@ -87,8 +102,10 @@ struct ForwardHooks {
 
 struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const ModelConfig& cfg);
-  // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text);
+  // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim];
+  // image [B, Li, image_dim] CLIP features (image-to-video models only; Li = image_pos_tokens
+  // when that is set).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, const at::Tensor& image = {});
   // Wan's initialisation (model/init.h): every parameter from `seed` alone, so that a rank that
   // initialises only its part of a parameter (parallel/parallel_model.h) gets exactly the values
   // these give. Without a seed, one is drawn from the global torch generator (seed it first).
@@ -98,6 +115,7 @@ struct DiTImpl : torch::nn::Module {
   ModelConfig cfg;
   PatchEmbedding patch_embedding{nullptr};
   torch::nn::Sequential text_embedding{nullptr}, time_embedding{nullptr}, time_projection{nullptr};
+  ImageEmbedding img_emb{nullptr};  // image-to-video only
   torch::nn::ModuleList blocks{nullptr};
   Head head{nullptr};
   TokenSplit token_split;  // empty: every token in this process

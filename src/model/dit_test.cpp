@@ -21,7 +21,8 @@ int64_t module_params(const torch::nn::Module& m) {
 }
 
 TEST(DiT, ForwardShapesAndParameterCount) {
-  for (auto extra : std::vector<std::vector<std::string>>{{}, {"model.patch=[2, 2, 2]", "model.heads=4"}}) {
+  for (auto extra : std::vector<std::vector<std::string>>{
+           {}, {"model.patch=[2, 2, 2]", "model.heads=4"}, {"model.image_dim=24", "model.image_pos_tokens=6"}}) {
     Config c = tiny_config(extra);
     torch::manual_seed(0);
     DiT m(c.model);
@@ -36,7 +37,8 @@ TEST(DiT, ForwardShapesAndParameterCount) {
       EXPECT_EQ(shapes[i].second, named[i].value().sizes().vec()) << shapes[i].first;
     }
     at::Tensor x = at::randn({3, 4, 2, 4, 6}), t = at::tensor({0.f, 500.f, 999.f}), text = at::randn({3, 3, 8});
-    EXPECT_EQ(m->forward(x, t, text).sizes(), x.sizes());
+    const at::Tensor image = c.model.image_dim > 0 ? at::randn({3, 6, 24}) : at::Tensor();
+    EXPECT_EQ(m->forward(x, t, text, image).sizes(), x.sizes());
   }
 }
 

@@ -119,7 +119,8 @@ bool fp8_projection_weight(const std::string& name) {
   for (const char* m : {"self_attn.", "cross_attn."})
     for (const char* p : {"q", "k", "v", "o"})
       if (rest == std::string(m) + p + ".weight") return true;
-  return rest == "ffn.0.weight" || rest == "ffn.2.weight";
+  return rest == "ffn.0.weight" || rest == "ffn.2.weight" || rest == "cross_attn.k_img.weight" ||
+         rest == "cross_attn.v_img.weight";
 }
 
 Fp8Tensor Fp8Casts::weight(const at::Tensor& w, bool rowwise) {

@@ -64,8 +64,12 @@ InitRule wan_init_rule(const std::string& name, at::IntArrayRef shape, const Mod
     return xavier(in, shape[0]);
   }
   if (ends_with(name, ".bias")) return {K::Zeros};
-  if (ends_with(name, "norm_q.weight") || ends_with(name, "norm_k.weight") || ends_with(name, "norm3.weight"))
+  if (ends_with(name, "norm_q.weight") || ends_with(name, "norm_k.weight") || ends_with(name, "norm3.weight") ||
+      ends_with(name, "norm_k_img.weight"))
     return {K::Ones};
+  // The image embedding's LayerNorms (1-D weights) and its position embedding.
+  if (starts_with(name, "img_emb.proj.") && ends_with(name, ".weight") && shape.size() == 1) return {K::Ones};
+  if (name == "img_emb.emb_pos") return {K::Zeros};
   if ((starts_with(name, "text_embedding.") || starts_with(name, "time_embedding.")) && ends_with(name, ".weight"))
     return {K::Normal, 0.02};
   if (ends_with(name, ".weight") && shape.size() == 2) return xavier(shape[1], shape[0]);

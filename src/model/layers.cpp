@@ -94,23 +94,38 @@ at::Tensor SelfAttentionImpl::attend(const at::Tensor& qh, const at::Tensor& kh,
 
 at::Tensor SelfAttentionImpl::out(const at::Tensor& a) { return split.out(o, a, linear_fn); }
 
-CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
+CrossAttentionImpl::CrossAttentionImpl(int64_t dim, int64_t heads_, double eps, int64_t text_len_)
+    : heads(heads_), text_len(text_len_) {
   q = register_module("q", Linear(dim, dim));
   k = register_module("k", Linear(dim, dim));
   v = register_module("v", Linear(dim, dim));
   o = register_module("o", Linear(dim, dim));
   norm_q = register_module("norm_q", RMSNorm(dim, eps));
   norm_k = register_module("norm_k", RMSNorm(dim, eps));
+  if (text_len > 0) {
+    k_img = register_module("k_img", Linear(dim, dim));
+    v_img = register_module("v_img", Linear(dim, dim));
+    norm_k_img = register_module("norm_k_img", RMSNorm(dim, eps));
+  }
 }
 
 at::Tensor CrossAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context) {
-  const int64_t B = x.size(0), L = x.size(1), Lc = context.size(1);
-  at::Tensor xs = split.in(x), cs = split.in(context);
+  const int64_t B = x.size(0), L = x.size(1);
+  const int64_t Li = text_len > 0 ? context.size(1) - text_len : 0;
+  TORCH_CHECK(Li > 0 || text_len == 0, "cross-attention of an image-to-video model: the context has ", context.size(1),
+              " tokens, no image tokens before the ", text_len, " of the text");
+  at::Tensor xs = split.in(x), cs = split.in(Li > 0 ? context.narrow(1, Li, text_len) : context);
   at::Tensor qh = norm_q(project(linear_fn, q, xs)), kh = norm_k(project(linear_fn, k, cs)),
              vh = project(linear_fn, v, cs);
-  const int64_t hd = qh.size(2) / heads;
-  return split.out(o, attention(qh.view({B, L, heads, hd}), kh.view({B, Lc, heads, hd}), vh.view({B, Lc, heads, hd})),
-                   linear_fn);
+  const int64_t hd = qh.size(2) / heads, Lc = cs.size(1);
+  const at::Tensor qv = qh.view({B, L, heads, hd});
+  at::Tensor a = attention(qv, kh.view({B, Lc, heads, hd}), vh.view({B, Lc, heads, hd}));
+  if (Li > 0) {
+    const at::Tensor is = split.in(context.narrow(1, 0, Li));
+    const at::Tensor ki = norm_k_img(project(linear_fn, k_img, is)), vi = project(linear_fn, v_img, is);
+    a = a + attention(qv, ki.view({B, Li, heads, hd}), vi.view({B, Li, heads, hd}));
+  }
+  return split.out(o, a, linear_fn);
 }
 
 }  // namespace vidit

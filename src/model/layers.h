@@ -100,16 +100,23 @@ struct SelfAttentionImpl : torch::nn::Module {
 };
 TORCH_MODULE(SelfAttention);
 
-// Cross-attention from video tokens to text tokens, QK RMSNorm, no RoPE.
+// Cross-attention from video tokens to text tokens, QK RMSNorm, no RoPE. An image-to-video model
+// (`text_len` > 0) also attends to image tokens placed before the text in the context: their own
+// keys and values (k_img, v_img; the keys RMS-normalised by norm_k_img), the same queries, the two
+// attentions' outputs added before the output projection (Wan 2.1 I2V).
 struct CrossAttentionImpl : torch::nn::Module {
-  CrossAttentionImpl(int64_t dim, int64_t heads, double eps);
-  // x [B, L, dim], context [B, Ltext, dim]
+  // text_len: 0 for text alone; otherwise the text's token count, the context's last tokens.
+  CrossAttentionImpl(int64_t dim, int64_t heads, double eps, int64_t text_len = 0);
+  // x [B, L, dim], context [B, Limage + Ltext, dim] (Limage = 0 without image projections)
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context);
   int64_t heads;       // in this process
+  int64_t text_len;    // > 0: the model attends to image tokens too
   FeatureSplit split;  // empty: every head in this process
   LinearFn linear_fn;  // empty: at::linear
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
+  Linear k_img{nullptr}, v_img{nullptr};  // image-to-video only
+  RMSNorm norm_k_img{nullptr};
 };
 TORCH_MODULE(CrossAttention);
 

@@ -37,8 +37,9 @@ std::vector<Projection> projections(DiTImpl& model) {
     using Named = std::pair<const char*, Linear>;
     for (const Named& n : {Named{"q", sa.q}, Named{"k", sa.k}, Named{"v", sa.v}, Named{"o", sa.o}})
       out.push_back({p + "self_attn." + n.first, n.second, &sa.linear_fn});
-    for (const Named& n : {Named{"q", ca.q}, Named{"k", ca.k}, Named{"v", ca.v}, Named{"o", ca.o}})
-      out.push_back({p + "cross_attn." + n.first, n.second, &ca.linear_fn});
+    for (const Named& n : {Named{"q", ca.q}, Named{"k", ca.k}, Named{"v", ca.v}, Named{"o", ca.o},
+                           Named{"k_img", ca.k_img}, Named{"v_img", ca.v_img}})
+      if (n.second) out.push_back({p + "cross_attn." + n.first, n.second, &ca.linear_fn});
     out.push_back({p + "ffn.0", b.fc1, &b.linear_fn});
     out.push_back({p + "ffn.2", b.fc2, &b.linear_fn});
   }
@@ -98,7 +99,8 @@ LoraCounts lora_counts(const ModelConfig& model, const LoraConfig& cfg) {
   LoraCounts c;
   if (cfg.rank <= 0) return c;
   static const std::set<std::string> kinds = {"self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q",
-                                              "cross_attn.k", "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2"};
+                                              "cross_attn.k", "cross_attn.v", "cross_attn.o", "cross_attn.k_img",
+                                              "cross_attn.v_img", "ffn.0", "ffn.2"};
   for (const auto& [name, shape] : transformer_shapes(model)) {
     if (name.rfind("blocks.", 0) != 0 || !ends_with(name, ".weight") || shape.size() != 2) continue;
     const std::string proj = name.substr(0, name.size() - 7);

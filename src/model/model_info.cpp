@@ -20,6 +20,15 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   linear("time_embedding.0", m.freq_dim, d);
   linear("time_embedding.2", d, d);
   linear("time_projection.1", d, 6 * d);
+  if (m.image_dim > 0) {  // image-to-video: the CLIP features' projection
+    if (m.image_pos_tokens > 0) add("img_emb.emb_pos", {1, m.image_pos_tokens, m.image_dim});
+    add("img_emb.proj.0.weight", {m.image_dim});
+    add("img_emb.proj.0.bias", {m.image_dim});
+    linear("img_emb.proj.1", m.image_dim, m.image_dim);
+    linear("img_emb.proj.3", m.image_dim, d);
+    add("img_emb.proj.4.weight", {d});
+    add("img_emb.proj.4.bias", {d});
+  }
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     add(b + "modulation", {1, 6, d});  // a module's own parameters come before its children's
@@ -27,6 +36,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
       for (const char* proj : {"q", "k", "v", "o"}) linear(b + attn + "." + proj, d, d);
       add(b + attn + ".norm_q.weight", {d});
       add(b + attn + ".norm_k.weight", {d});
+      if (m.image_dim > 0 && std::string(attn) == "cross_attn") {  // the image tokens' keys and values
+        linear(b + attn + ".k_img", d, d);
+        linear(b + attn + ".v_img", d, d);
+        add(b + attn + ".norm_k_img.weight", {d});
+      }
     }
     add(b + "norm3.weight", {d});
     add(b + "norm3.bias", {d});
@@ -72,6 +86,11 @@ ModelInfo model_info(const Config& c) {
               2 * (m.freq_dim * d + d * d + 6 * d * d);
   double block = 2 * L * 4 * d * d + 4 * L * L * d + 2 * L * 2 * d * d + 2 * Lt * 2 * d * d +
                  4 * L * Lt * d + 2 * L * 2 * d * f;
+  if (m.image_dim > 0) {  // image tokens: their projection once, their keys, values and attention per block
+    const double Li = double(m.image_pos_tokens > 0 ? m.image_pos_tokens : kImageTokens), di = double(m.image_dim);
+    fw += 2 * Li * (di * di + di * d);
+    block += 2 * Li * 2 * d * d + 4 * L * Li * d;
+  }
   fw += m.layers * block + 2 * L * d * (m.out_channels * p);
   info.forward_flops = fw;
   info.train_flops = 3 * fw;

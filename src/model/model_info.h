@@ -9,6 +9,8 @@
 //                      + 4*L*Lt*d             (cross-attn scores and sum)
 //                      + 2*L*2*d*f ]          (MLP)
 //           + head 2*L*d*(C_out*pt*ph*pw)
+//   image-to-video (image_dim = di > 0, Li image tokens: 257, or image_pos_tokens):
+//           + 2*Li*(di^2 + di*d) + layers * [ 2*Li*2*d^2 + 4*L*Li*d ]
 //   training sample = 3 * forward (backward costs twice the forward).
 // Norms, RoPE and elementwise work are left out (well under 1% at real sizes).
 #pragma once
@@ -20,6 +22,9 @@
 #include "core/config.h"
 
 namespace vidit {
+
+// Image tokens of one CLIP image (ViT-H/14 at 224: 16 x 16 patches and the class token).
+inline constexpr int64_t kImageTokens = 257;
 
 struct ModelInfo {
   int64_t params = 0;

@@ -1,6 +1,8 @@
 // Wan 2.1 transformer weights in the official and the diffusers layouts (see weight_layout.h).
 #include "model/weight_layout.h"
 
+#include "model/model_info.h"
+
 #include <unistd.h>
 
 #include <cctype>
@@ -40,6 +42,13 @@ const NameRule kModelRules[] = {
     {"time_projection.1.", "condition_embedder.time_proj.", false},
     {"head.head.", "proj_out.", false},
     {"head.modulation", "scale_shift_table", true},  // [1, 2, dim] in both
+    // Image-to-video: the CLIP features' projection (LayerNorm, Linear, GELU, Linear, LayerNorm)
+    // and the first-and-last-frame models' position embedding.
+    {"img_emb.proj.0.", "condition_embedder.image_embedder.norm1.", false},
+    {"img_emb.proj.1.", "condition_embedder.image_embedder.ff.net.0.proj.", false},
+    {"img_emb.proj.3.", "condition_embedder.image_embedder.ff.net.2.", false},
+    {"img_emb.proj.4.", "condition_embedder.image_embedder.norm2.", false},
+    {"img_emb.emb_pos", "condition_embedder.image_embedder.pos_embed", true},
 };
 
 // Inside blocks.N. Wan's norm3 (affine LayerNorm before cross-attention) is diffusers' norm2;
@@ -57,6 +66,9 @@ const NameRule kBlockRules[] = {
     {"cross_attn.o.", "attn2.to_out.0.", false},
     {"cross_attn.norm_q.", "attn2.norm_q.", false},
     {"cross_attn.norm_k.", "attn2.norm_k.", false},
+    {"cross_attn.k_img.", "attn2.add_k_proj.", false},  // image-to-video: the image tokens' keys,
+    {"cross_attn.v_img.", "attn2.add_v_proj.", false},  // values
+    {"cross_attn.norm_k_img.", "attn2.norm_added_k.", false},
     {"norm3.", "norm2.", false},
     {"ffn.0.", "ffn.net.0.proj.", false},
     {"ffn.2.", "ffn.net.2.", false},
@@ -95,8 +107,8 @@ std::optional<std::string> rename(const std::string& key, bool to_diffusers) {
 }
 
 const char* const kUnmappedHint =
-    "vidit's DiT is the Wan 2.1 text-to-video transformer: image conditioning, VACE, LoRA or other "
-    "models' tensors have no place in it";
+    "vidit's DiT is the Wan 2.1 text- or image-to-video transformer: VACE, LoRA or other models' tensors "
+    "have no place in it";
 
 TensorMap rename_all(const TensorMap& in, bool to_diffusers, const std::string& source) {
   TensorMap out;
@@ -240,28 +252,38 @@ json diffusers_config(const ModelConfig& c) {
   return json{{"_class_name", "WanTransformer3DModel"},
               // The first diffusers release with WanTransformer3DModel; later ones read it too.
               {"_diffusers_version", "0.33.0"},
-              {"added_kv_proj_dim", nullptr},
+              {"added_kv_proj_dim", c.image_dim > 0 ? json(c.dim) : json(nullptr)},
               {"attention_head_dim", c.dim / c.heads},
               {"cross_attn_norm", true},
               {"eps", c.eps},
               {"ffn_dim", c.ffn_dim},
               {"freq_dim", c.freq_dim},
-              {"image_dim", nullptr},
+              {"image_dim", c.image_dim > 0 ? json(c.image_dim) : json(nullptr)},
               {"in_channels", c.in_channels},
               {"num_attention_heads", c.heads},
               {"num_layers", c.layers},
               {"out_channels", c.out_channels},
               {"patch_size", {c.patch[0], c.patch[1], c.patch[2]}},
-              {"pos_embed_seq_len", nullptr},
+              {"pos_embed_seq_len", c.image_pos_tokens > 0 ? json(c.image_pos_tokens) : json(nullptr)},
               {"qk_norm", "rms_norm_across_heads"},
               {"rope_max_seq_len", 1024},
               {"text_dim", c.text_dim}};
 }
 
+// Wan's model_type: image conditioning is all that tells them apart in the transformer.
+const char* wan_model_type(const ModelConfig& c) {
+  return c.image_pos_tokens > 0 ? "flf2v" : c.image_dim > 0 ? "i2v" : "t2v";
+}
+
+// Wan 2.1's CLIP image features (open-clip ViT-H/14's penultimate layer): their width, and the
+// tokens of one image. Fixed in Wan's WanModel; diffusers' config.json states the width.
+constexpr int64_t kWanImageDim = 1280;
+constexpr int64_t kWanImageTokens = 257;
+
 json wan_config(const ModelConfig& c) {
   return json{{"_class_name", "WanModel"},
               {"_diffusers_version", "0.30.0"},  // what Wan 2.1's own releases carry
-              {"model_type", "t2v"},
+              {"model_type", wan_model_type(c)},
               {"patch_size", {c.patch[0], c.patch[1], c.patch[2]}},
               {"text_len", c.text_len},
               {"in_dim", c.in_channels},
@@ -292,6 +314,12 @@ void write_transformer(const TensorStream& official, const ModelConfig& cfg, con
               " but the ", layout == WeightLayout::diffusers ? "diffusers WanTransformer3DModel" : "official WanModel",
               " always uses ", kWanRopeTheta, ", so the written model would compute something else; train with "
               "model.rope_theta = 10000 to export");
+  // Wan's own config states no image width or token count: its WanModel fixes them.
+  VIDIT_CHECK(layout == WeightLayout::diffusers || cfg.image_dim == 0 ||
+                  (cfg.image_dim == kWanImageDim && (cfg.image_pos_tokens == 0 || cfg.image_pos_tokens == 2 * kWanImageTokens)),
+              "write weights to '", out_dir, "': model.image_dim = ", cfg.image_dim, ", model.image_pos_tokens = ",
+              cfg.image_pos_tokens, " cannot be written in the official layout, whose WanModel fixes them at ",
+              kWanImageDim, " and ", 2 * kWanImageTokens, " (first and last frames); write the diffusers layout");
   check_transformer_weights(meta_tensors(official), cfg, "the weights to write to '" + out_dir + "'");
   const fs::path out = fs::path(out_dir).lexically_normal();
   const fs::path target = out.has_filename() ? out : out.parent_path();  // "dir/" -> "dir"
@@ -383,35 +411,7 @@ WeightLayout layout_of_names(const std::vector<std::string>& names, const std::s
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> transformer_shapes(const ModelConfig& c) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> s;
-  const int64_t d = c.dim;
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    s.push_back({name + ".weight", {out, in}});
-    s.push_back({name + ".bias", {out}});
-  };
-  s.push_back({"patch_embedding.weight", {d, c.in_channels, c.patch[0], c.patch[1], c.patch[2]}});
-  s.push_back({"patch_embedding.bias", {d}});
-  linear("text_embedding.0", d, c.text_dim);
-  linear("text_embedding.2", d, d);
-  linear("time_embedding.0", d, c.freq_dim);
-  linear("time_embedding.2", d, d);
-  linear("time_projection.1", 6 * d, d);
-  for (int64_t i = 0; i < c.layers; ++i) {
-    const std::string b = "blocks." + std::to_string(i) + ".";
-    s.push_back({b + "modulation", {1, 6, d}});  // a block's own parameter comes before its modules'
-    for (const char* attn : {"self_attn", "cross_attn"}) {
-      for (const char* proj : {"q", "k", "v", "o"}) linear(b + attn + "." + proj, d, d);
-      s.push_back({b + attn + ".norm_q.weight", {d}});
-      s.push_back({b + attn + ".norm_k.weight", {d}});
-    }
-    s.push_back({b + "norm3.weight", {d}});
-    s.push_back({b + "norm3.bias", {d}});
-    linear(b + "ffn.0", c.ffn_dim, d);
-    linear(b + "ffn.2", d, c.ffn_dim);
-  }
-  s.push_back({"head.modulation", {1, 2, d}});
-  linear("head.head", c.out_channels * c.patch[0] * c.patch[1] * c.patch[2], d);
-  return s;
+  return parameter_shapes(c);
 }
 
 void check_transformer_weights(const TensorMap& official, const ModelConfig& cfg, const std::string& source) {
@@ -530,9 +530,6 @@ ModelConfig model_config_from_diffusers(const std::string& path) {
                   "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm", "qk_norm", "eps", "image_dim",
                   "added_kv_proj_dim", "rope_max_seq_len", "pos_embed_seq_len"},
                  path, "WanTransformer3DModel");
-  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    VIDIT_CHECK(!j.contains(key) || j[key].is_null(), "config '", path, "': '", key, "' is ", j[key].dump(),
-                ": an image-conditioned Wan transformer (I2V / FLF2V), which vidit's text-to-video DiT does not have");
   if (j.contains("cross_attn_norm"))
     VIDIT_CHECK(j["cross_attn_norm"] == true, "config '", path,
                 "': cross_attn_norm is off; vidit's DiT always has the affine LayerNorm before cross-attention");
@@ -554,6 +551,23 @@ ModelConfig model_config_from_diffusers(const std::string& path) {
   m.patch = get_patch(j, "patch_size", path);
   m.text_len = kWanTextLen;       // WanPipeline pads prompts with zeros to max_sequence_length = 512
   m.rope_theta = kWanRopeTheta;  // WanRotaryPosEmbed's fixed theta
+  // Image-to-video: the CLIP features' width; the image keys and values project from the model's
+  // own width (the image embedding's output), the only added_kv_proj_dim our DiT has.
+  m.image_dim = j.contains("image_dim") && !j["image_dim"].is_null() ? get_int(j, "image_dim", 0, path) : 0;
+  if (j.contains("added_kv_proj_dim") && !j["added_kv_proj_dim"].is_null()) {
+    VIDIT_CHECK(m.image_dim > 0, "config '", path, "': added_kv_proj_dim is set but image_dim is not");
+    VIDIT_CHECK(get_int(j, "added_kv_proj_dim", 0, path) == m.dim, "config '", path, "': added_kv_proj_dim ",
+                j["added_kv_proj_dim"].dump(), " is not the model's width ", m.dim,
+                " (Wan's image keys and values read the image embedding's output)");
+  } else {
+    VIDIT_CHECK(m.image_dim == 0, "config '", path, "': image_dim is set but added_kv_proj_dim is not: diffusers' "
+                "transformer would then embed the image and attend to it without keys and values of its own");
+  }
+  m.image_pos_tokens = j.contains("pos_embed_seq_len") && !j["pos_embed_seq_len"].is_null()
+                           ? get_int(j, "pos_embed_seq_len", 0, path)
+                           : 0;
+  VIDIT_CHECK(m.image_pos_tokens == 0 || m.image_dim > 0, "config '", path,
+              "': pos_embed_seq_len is set without image_dim");
   check_model_shapes(m, path);
   return m;
 }
@@ -567,9 +581,10 @@ ModelConfig model_config_from_wan(const std::string& path) {
                  {"model_type", "patch_size", "text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim",
                   "num_heads", "num_layers", "window_size", "qk_norm", "cross_attn_norm", "eps"},
                  path, "WanModel");
-  if (j.contains("model_type"))
-    VIDIT_CHECK(j["model_type"] == "t2v", "config '", path, "': model_type ", j["model_type"].dump(),
-                " is not supported; vidit's DiT is Wan 2.1 text-to-video (\"t2v\")");
+  const std::string type = j.value("model_type", std::string("t2v"));
+  VIDIT_CHECK(type == "t2v" || type == "i2v" || type == "flf2v", "config '", path, "': model_type \"", type,
+              "\" is not supported; vidit's DiT is Wan 2.1 text-to-video (\"t2v\") or image-to-video (\"i2v\", "
+              "\"flf2v\")");
   if (j.contains("window_size") && !j["window_size"].is_null())
     VIDIT_CHECK(j["window_size"] == json::array({-1, -1}), "config '", path, "': window_size ", j["window_size"].dump(),
                 " (local attention) is not supported; vidit's DiT attends globally ([-1, -1])");
@@ -590,6 +605,8 @@ ModelConfig model_config_from_wan(const std::string& path) {
   m.eps = get_double(j, "eps", 1e-6, path);
   m.patch = get_patch(j, "patch_size", path);
   m.rope_theta = kWanRopeTheta;
+  if (type != "t2v") m.image_dim = kWanImageDim;
+  if (type == "flf2v") m.image_pos_tokens = 2 * kWanImageTokens;
   check_model_shapes(m, path);
   return m;
 }

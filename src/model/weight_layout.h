@@ -51,7 +51,7 @@ TensorMap to_official_names(const TensorMap& diffusers, const std::string& sourc
 WeightLayout layout_of_names(const std::vector<std::string>& names, const std::string& source);
 
 // The transformer's official names and shapes for `cfg`, in the model's parameter order (the
-// order of DiT's named_parameters()). No tensor is allocated.
+// order of DiT's named_parameters(); model_info.h's parameter_shapes). No tensor is allocated.
 std::vector<std::pair<std::string, std::vector<int64_t>>> transformer_shapes(const ModelConfig& cfg);
 // `official` against transformer_shapes(cfg): throws vidit::Error naming `source`, every missing or
 // unexpected key and every mis-shaped key with its expected and found shapes (up to a few of each).
@@ -89,15 +89,18 @@ TensorMap read_transformer_weights(const std::string& path,
 // ---- configs -------------------------------------------------------------------------------------
 // Our ModelConfig from a diffusers WanTransformer3DModel config.json: dim =
 // num_attention_heads * attention_head_dim, ffn_dim, heads, layers, in/out channels, patch,
-// text_dim, freq_dim, eps, and the pipeline's conventions text_len = 512, rope_theta = 10000.
-// Keys left out take WanTransformer3DModel's defaults, as diffusers does. Throws vidit::Error
-// naming the file and key for what our DiT does not have: image conditioning (image_dim,
-// added_kv_proj_dim, pos_embed_seq_len), cross_attn_norm = false, another qk_norm, an unknown key
-// with a value, another _class_name.
+// text_dim, freq_dim, eps, image conditioning (image_dim; pos_embed_seq_len, first-and-last-frame
+// models), and the pipeline's conventions text_len = 512, rope_theta = 10000. Keys left out take
+// WanTransformer3DModel's defaults, as diffusers does. Throws vidit::Error naming the file and key
+// for what our DiT does not have: added_kv_proj_dim other than the model's width (or without
+// image_dim), cross_attn_norm = false, another qk_norm, an unknown key with a value, another
+// _class_name.
 ModelConfig model_config_from_diffusers(const std::string& config_json);
 // Our ModelConfig from an official Wan config.json (WanModel: dim, ffn_dim, freq_dim, in_dim,
-// out_dim, num_heads, num_layers, text_len, eps, patch_size, text_dim), rope_theta = 10000.
-// Throws for model_type other than "t2v", windowed attention, or qk_norm / cross_attn_norm off.
+// out_dim, num_heads, num_layers, text_len, eps, patch_size, text_dim), rope_theta = 10000;
+// model_type "i2v" has CLIP features of width 1280 (image_dim), "flf2v" also a position embedding
+// over two images' 514 tokens. Throws for another model_type, windowed attention, or qk_norm /
+// cross_attn_norm off.
 ModelConfig model_config_from_wan(const std::string& config_json);
 // The config.json that describes a weights path (see find_transformer_weights), read by its
 // _class_name (WanTransformer3DModel or WanModel). Throws when there is none.

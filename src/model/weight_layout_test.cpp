@@ -128,16 +128,22 @@ TEST(WeightLayoutNames, EveryParameterMapsBothWaysAndShapesMatchTheModel) {
 }
 
 TEST(WeightLayoutNames, AKeyThatMapsToNothingIsNamed) {
-  EXPECT_NE(message_of([] { official_name("blocks.0.attn2.add_k_proj.weight", "f.safetensors"); })
-                .find("'blocks.0.attn2.add_k_proj.weight'"),
+  // (VACE's control blocks, and a LoRA tensor: no place in our DiT.)
+  EXPECT_NE(message_of([] { official_name("vace_blocks.0.attn2.to_k.weight", "f.safetensors"); })
+                .find("'vace_blocks.0.attn2.to_k.weight'"),
             std::string::npos);
-  EXPECT_NE(message_of([] { diffusers_name("img_emb.proj.0.weight"); }).find("'img_emb.proj.0.weight'"),
+  EXPECT_NE(message_of([] { diffusers_name("blocks.0.cross_attn.k.lora_A.weight"); })
+                .find("'blocks.0.cross_attn.k.lora_A.weight'"),
             std::string::npos);
+  // The image-to-video tensors map both ways.
+  EXPECT_EQ(diffusers_name("img_emb.proj.0.weight"), "condition_embedder.image_embedder.norm1.weight");
+  EXPECT_EQ(official_name("blocks.3.attn2.add_k_proj.bias", "f"), "blocks.3.cross_attn.k_img.bias");
+  EXPECT_EQ(official_name("condition_embedder.image_embedder.pos_embed", "f"), "img_emb.emb_pos");
   EXPECT_THROW(diffusers_name("blocks.x.norm3.weight"), Error);
   EXPECT_THROW(diffusers_name("blocks.0.norm3.scale"), Error);
-  TensorMap m = {{"proj_out.weight", at::zeros({2})}, {"condition_embedder.image_embedder.norm1.weight", at::zeros({2})}};
+  TensorMap m = {{"proj_out.weight", at::zeros({2})}, {"condition_embedder.image_embedder.norm9.weight", at::zeros({2})}};
   const std::string msg = message_of([&] { to_official_names(m, "x.safetensors"); });
-  EXPECT_NE(msg.find("condition_embedder.image_embedder.norm1.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("condition_embedder.image_embedder.norm9.weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("x.safetensors"), std::string::npos) << msg;
 }
 
@@ -337,6 +343,8 @@ TEST(WeightLayoutErrors, ConfigsWithFeaturesOurDiTLacksAreRefused) {
     std::ofstream(dir / "c.json") << j.dump();
     return message_of([&] { model_config_from_diffusers(dir / "c.json"); });
   };
+  // Image conditioning reads as image-to-video, but only whole: image_dim with keys and values of
+  // the model's width, a position embedding only with image_dim.
   for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
            {"image_dim", 1280}, {"added_kv_proj_dim", 5120}, {"pos_embed_seq_len", 514}, {"cross_attn_norm", false},
            {"qk_norm", "rms_norm"}, {"new_feature", 3}, {"_class_name", "FluxTransformer2DModel"}}) {
@@ -363,8 +371,22 @@ TEST(WeightLayoutErrors, ConfigsWithFeaturesOurDiTLacksAreRefused) {
   EXPECT_EQ(w.ffn_dim, 8960);
   EXPECT_EQ(w.layers, 30);
   EXPECT_EQ(w.patch, (Patch{1, 2, 2}));
-  std::ofstream(dir / "w.json") << R"({"_class_name": "WanModel", "model_type": "i2v", "dim": 5120})";
-  EXPECT_NE(message_of([&] { model_config_from_wan(dir / "w.json"); }).find("i2v"), std::string::npos);
+  // Wan 2.1 I2V and FLF2V as released: CLIP features of 1280; FLF2V's position embedding over two images.
+  std::ofstream(dir / "w.json") << R"({"_class_name": "WanModel", "model_type": "i2v", "dim": 5120, "in_dim": 36,
+    "num_heads": 40, "num_layers": 40, "ffn_dim": 13824})";
+  const ModelConfig i2v = model_config_from_wan(dir / "w.json");
+  EXPECT_EQ(i2v.image_dim, 1280);
+  EXPECT_EQ(i2v.image_pos_tokens, 0);
+  EXPECT_EQ(i2v.in_channels, 36);
+  std::ofstream(dir / "w.json") << R"({"_class_name": "WanModel", "model_type": "flf2v", "dim": 5120, "in_dim": 36})";
+  EXPECT_EQ(model_config_from_wan(dir / "w.json").image_pos_tokens, 514);
+  std::ofstream(dir / "w.json") << R"({"_class_name": "WanModel", "model_type": "vace", "dim": 5120})";
+  EXPECT_NE(message_of([&] { model_config_from_wan(dir / "w.json"); }).find("vace"), std::string::npos);
+  // diffusers' I2V config: image_dim with added_kv_proj_dim = the model's width.
+  nlohmann::json i2v_d = good;
+  i2v_d["image_dim"] = 48, i2v_d["added_kv_proj_dim"] = cfg.dim;
+  std::ofstream(dir / "c.json") << i2v_d.dump();
+  EXPECT_EQ(model_config_from_diffusers(dir / "c.json").image_dim, 48);
 }
 
 // ---- against diffusers ---------------------------------------------------------------------------
@@ -458,6 +480,64 @@ TEST_F(WeightLayoutDiffusers, ExportedFolderLoadsInDiffusersWithTheSameForward) 
   std::printf("[ diffusers ] exported: max |ours - diffusers| / max |diffusers| = %.3g\n", dev);
   EXPECT_LE(dev, 1e-5);
 }
+
+// ---- image-to-video against diffusers --------------------------------------------------------------
+// diffusers' image-to-video WanTransformer3DModel (I2V, and FLF2V with its position embedding):
+// read from its saved folder, our forward with its image features equals its; our export (both
+// layouts) reads back, and diffusers loads our diffusers folder strictly with the same forward.
+class ImageToVideoDiffusers : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!reference_missing().empty()) GTEST_SKIP() << reference_missing();
+  }
+};
+
+TEST_P(ImageToVideoDiffusers, ForwardWithImageFeaturesEqualsDiffusersBothWays) {
+  const std::string kind = GetParam();
+  test::ScratchDir dir("i2v_" + kind);
+  const Ran made = run(python() + " " + reference_script() + " make " + dir.path() + " " + kind);
+  ASSERT_EQ(made.status, 0) << made.output;
+  const TensorMap io = load_safetensors(dir / "io.safetensors");
+  const std::string path = dir / "unsharded";
+  const ModelConfig cfg = read_transformer_config(path);
+  EXPECT_EQ(cfg.image_dim, 48);
+  EXPECT_EQ(cfg.in_channels, 9);
+  EXPECT_EQ(cfg.image_pos_tokens, kind == "flf2v" ? 10 : 0);
+  DiT model(cfg);
+  const TensorMap weights = read_transformer_weights(path);
+  load_state_dict(*model, weights, path);  // every tensor has its place, and every parameter a tensor
+  model->eval();
+  torch::NoGradGuard ng;
+  const at::Tensor ours = model->forward(io.at("x"), io.at("t"), io.at("text"), io.at("image"));
+  const double dev64 = relative_deviation(ours, io.at("out_f64_sinusoid"));
+  std::printf("[ diffusers ] %s: max |ours - diffusers| / max |diffusers| = %.3g (sinusoid in fp64)\n", kind.c_str(),
+              dev64);
+  EXPECT_LE(relative_deviation(ours, io.at("out")), 1e-5);
+  EXPECT_LE(dev64, 2e-6);
+  // Without the image, or with the wrong number of tokens for FLF2V's position embedding: named.
+  EXPECT_NE(message_of([&] { model->forward(io.at("x"), io.at("t"), io.at("text")); }).find("CLIP features"),
+            std::string::npos);
+  if (kind == "flf2v")
+    EXPECT_NE(message_of([&] { model->forward(io.at("x"), io.at("t"), io.at("text"), io.at("image").narrow(1, 0, 5)); })
+                  .find("image_pos_tokens"),
+              std::string::npos);
+
+  // The official layout's config cannot state this small model's image width (WanModel fixes
+  // 1280): refused, naming it. The diffusers layout reads back, and diffusers loads it strictly.
+  EXPECT_NE(message_of([&] { write_wan_transformer(weights, cfg, dir / "wan"); }).find("model.image_dim = 48"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "wan"));
+  write_diffusers_transformer(weights, cfg, dir / "exported");
+  EXPECT_EQ(read_transformer_config(dir / "exported").image_dim, 48);
+  const at::Tensor padded = at::constant_pad_nd(io.at("text"), {0, 0, 0, cfg.text_len - io.at("text").size(1)});
+  save_safetensors(dir / "in.safetensors", {{"x", io.at("x")}, {"t", io.at("t")}, {"text", padded}, {"image", io.at("image")}});
+  const Ran r = run(python() + " " + reference_script() + " forward " + (dir / "exported") + " " + (dir / "in.safetensors") +
+                    " " + (dir / "out.safetensors"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_LE(relative_deviation(ours, load_safetensors(dir / "out.safetensors").at("out")), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ImageToVideoDiffusers, ::testing::Values("i2v", "flf2v"));
 
 }  // namespace
 }  // namespace vidit

@@ -54,9 +54,9 @@ std::vector<Cut> tensor_parallel_cuts(const std::string& name, int T) {
   for (const char* attn : {"self_attn.", "cross_attn."}) {
     if (rest.rfind(attn, 0) != 0) continue;
     const std::string leaf = rest.substr(std::string(attn).size());
-    for (const char* proj : {"q", "k", "v"})
+    for (const char* proj : {"q", "k", "v", "k_img", "v_img"})
       if (leaf == std::string(proj) + ".weight" || leaf == std::string(proj) + ".bias") return cut(0);
-    if (leaf == "norm_q.weight" || leaf == "norm_k.weight") return cut(0);
+    if (leaf == "norm_q.weight" || leaf == "norm_k.weight" || leaf == "norm_k_img.weight") return cut(0);
     if (leaf == "o.weight") return cut(1);
     return {};
   }
@@ -87,8 +87,9 @@ void apply_tensor_parallel(ParallelModel& pm, const ParallelConfig& cfg) {
     b->self_attn->split = split;
     b->cross_attn->split = split;
     b->ffn_split = split;
-    for (RMSNorm* norm : {&b->self_attn->norm_q, &b->self_attn->norm_k, &b->cross_attn->norm_q, &b->cross_attn->norm_k})
-      (*norm)->mean_square = mean_square;
+    for (RMSNorm* norm : {&b->self_attn->norm_q, &b->self_attn->norm_k, &b->cross_attn->norm_q, &b->cross_attn->norm_k,
+                          &b->cross_attn->norm_k_img})
+      if (*norm) (*norm)->mean_square = mean_square;
   }
 
   // Keep this member's rows / columns; the tensors stay the model's (set_data), so modules,

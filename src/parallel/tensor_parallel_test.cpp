@@ -24,12 +24,17 @@ using test::tiny_config;
 
 // One forward and backward of the tiny model (4 heads, fp64) whole and split over the world
 // (parallel.tensor = world size): the same output on every member, and the gathered gradients
-// equal the whole model's, to fp64 rounding.
+// equal the whole model's, to fp64 rounding. Also an image-to-video model (image features
+// projected, image keys and values split by head like the text's, attended beside the text).
 TEST(MpiWorker, TensorParallelModelMatchesWholeModel) {
   VIDIT_MPI_WORKER_ONLY();
   auto world = make_world_comm(detect_launch_env());
   const int T = world->size();
-  Config cfg = tiny_config({"model.heads=4", "model.layers=2", "parallel.tensor=" + std::to_string(T)});
+  for (const bool image_to_video : {false, true}) {
+  SCOPED_TRACE(image_to_video ? "image-to-video" : "text-to-video");
+  Config cfg = tiny_config({"model.heads=4", "model.layers=2", "parallel.tensor=" + std::to_string(T),
+                            "model.image_dim=" + std::to_string(image_to_video ? 24 : 0),
+                            "model.image_pos_tokens=" + std::to_string(image_to_video ? 6 : 0)});
   auto mesh = std::make_shared<Mesh>(cfg, world);
   auto model = [&] {
     torch::manual_seed(5);
@@ -47,9 +52,10 @@ TEST(MpiWorker, TensorParallelModelMatchesWholeModel) {
   at::Tensor t = at::tensor({300.0, 850.0}, f64);
   at::Tensor text = at::randn({2, cfg.model.text_len, cfg.model.text_dim}, gen, f64);
   at::Tensor up = at::randn({2, cfg.model.out_channels, 2, 4, 4}, gen, f64);
+  at::Tensor image = image_to_video ? at::randn({2, 6, 24}, gen, f64) : at::Tensor();
 
   DiT whole = model();
-  at::Tensor want = whole->forward(x, t, text);
+  at::Tensor want = whole->forward(x, t, text, image);
   (want * up).sum().backward();
 
   ParallelModel pm(model(), mesh);
@@ -57,7 +63,9 @@ TEST(MpiWorker, TensorParallelModelMatchesWholeModel) {
   DiT& split = pm.model();
   EXPECT_EQ(split->blocks[0]->as<DiTBlockImpl>()->self_attn->heads, 4 / T);
   EXPECT_EQ(split->blocks[0]->as<DiTBlockImpl>()->fc1->weight.size(0), cfg.model.ffn_dim / T);
-  at::Tensor got = split->forward(x, t, text);
+  if (image_to_video)
+    EXPECT_EQ(split->blocks[0]->as<DiTBlockImpl>()->cross_attn->k_img->weight.size(0), cfg.model.dim / T);
+  at::Tensor got = split->forward(x, t, text, image);
   (got * up).sum().backward();
   EXPECT_LT(rel_err(got, want), 1e-12);
 
@@ -70,6 +78,8 @@ TEST(MpiWorker, TensorParallelModelMatchesWholeModel) {
   TensorMap parts = pm.local(state_dict(*whole));
   for (auto& item : split->named_parameters())
     EXPECT_EQ(rel_err(parts.at(item.key()), item.value().detach()), 0.0) << item.key();
+  if (image_to_video) EXPECT_TRUE(want_grads.count("blocks.1.cross_attn.k_img.weight"));
+  }
   world->barrier();
   if (HasFailure()) abort_world(1);
 }

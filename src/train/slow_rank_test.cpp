@@ -99,7 +99,9 @@ TEST(Trainer, LogsTheTimeSpentWaitingForData) {
     EXPECT_EQ(steps, 2);
     // Shown when the data is slow. (Not asserted absent for a source that keeps up: on a loaded
     // machine its prefetch thread can lag a few ms, a visible share of a 10 ms step.)
-    if (delay_ms > 0) EXPECT_NE(console.find("data wait "), std::string::npos) << console;
+    if (delay_ms > 0) {
+      EXPECT_NE(console.find("data wait "), std::string::npos) << console;
+    }
   }
 }
 

@@ -2,7 +2,7 @@
 """diffusers' own WanTransformer3DModel as the reference for vidit's weight layouts
 (src/model/weight_layout_test.cpp runs it; tests only, never the product).
 
-    diffusers_wan_reference.py make OUT
+    diffusers_wan_reference.py make OUT [i2v|flf2v]
         Builds a small WanTransformer3DModel (2 layers, 3 heads of 32, ffn 128, text_dim 32, 4 -> 8
         channels, patch (1,2,2), freq_dim 64, eps 1e-5), adds noise to every parameter (so no zero-
         or one-initialised tensor hides a wrong mapping), and writes
@@ -14,6 +14,10 @@
                               the same with the timestep sinusoid computed in float64 (as official
                               Wan and vidit do; diffusers computes it in float32), to show what the
                               remaining difference comes from.
+        With i2v: the model is image-to-video (image_dim 48, added_kv_proj_dim 96, in_channels 9)
+        and io also holds image [2, 5, 48], the CLIP-like features it attends to; with flf2v also a
+        position embedding over 10 image tokens and image [2, 10, 48] (each sample's first and last
+        frames' 5 tokens, one after the other; diffusers takes them as [4, 5, 48]).
     diffusers_wan_reference.py forward MODEL_DIR IN OUT [LORA]
         WanTransformer3DModel.from_pretrained(MODEL_DIR) (every key must load: no missing,
         unexpected or mis-shaped ones), its forward on IN's x, t, text (used as given), written to
@@ -52,9 +56,12 @@ except ImportError:
 TEXT_LEN = 512  # WanPipeline's max_sequence_length: prompts are zero-padded to it
 
 
-def forward(model, x, t, text):
+def forward(model, x, t, text, image=None):
+    if image is not None and model.config.pos_embed_seq_len:
+        image = image.reshape(-1, image.shape[1] // 2, image.shape[2])  # [B, 2n, D] -> [2B, n, D]
     with torch.no_grad():
-        return model(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0].contiguous()
+        return model(hidden_states=x, timestep=t, encoder_hidden_states=text, encoder_hidden_states_image=image,
+                     return_dict=False)[0].contiguous()
 
 
 def float64_sinusoid(model):
@@ -70,12 +77,17 @@ def float64_sinusoid(model):
     proj.forward = forward
 
 
-def make(out):
+def make(out, kind="t2v"):
     out = Path(out)
     torch.manual_seed(0)
-    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=32,
-                                  in_channels=4, out_channels=8, text_dim=32, freq_dim=64, ffn_dim=128,
-                                  num_layers=2, eps=1e-5).eval()
+    image_kw = {}
+    if kind in ("i2v", "flf2v"):
+        image_kw = dict(image_dim=48, added_kv_proj_dim=96, in_channels=9)
+    if kind == "flf2v":
+        image_kw["pos_embed_seq_len"] = 10
+    model = WanTransformer3DModel(**{**dict(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=32,
+                                            in_channels=4, out_channels=8, text_dim=32, freq_dim=64, ffn_dim=128,
+                                            num_layers=2, eps=1e-5), **image_kw}).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -83,16 +95,22 @@ def make(out):
     model.save_pretrained(out / "sharded", max_shard_size="200KB")
 
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 4, 3, 6, 8, generator=g)
+    x = torch.randn(2, model.config.in_channels, 3, 6, 8, generator=g)
     t = torch.tensor([999.0, 412.5])
     text = torch.randn(2, 7, 32, generator=g)
     text[1, 4:] = 0
     padded = torch.zeros(2, TEXT_LEN, 32)
     padded[:, :7] = text
-    y = forward(model, x, t, padded)
+    image = None
+    if image_kw:
+        image = torch.randn(2, 10 if kind == "flf2v" else 5, 48, generator=g)
+    y = forward(model, x, t, padded, image)
     float64_sinusoid(model)
-    y64 = forward(model, x, t, padded)
-    save_file({"x": x, "t": t, "text": text, "out": y, "out_f64_sinusoid": y64}, str(out / "io.safetensors"))
+    y64 = forward(model, x, t, padded, image)
+    io = {"x": x, "t": t, "text": text, "out": y, "out_f64_sinusoid": y64}
+    if image is not None:
+        io["image"] = image
+    save_file(io, str(out / "io.safetensors"))
     shards = sorted(p.name for p in (out / "sharded").iterdir())
     print(f"made {out}: out {tuple(y.shape)}, max |out| {y.abs().max().item():.4g}, sharded files {shards}")
 
@@ -124,14 +142,15 @@ def forward_cmd(model_dir, inp, outp, lora=None):
     if lora:
         fuse_lora(model, lora)
     io = load_file(inp)
-    y = forward(model, io["x"].float(), io["t"].float(), io["text"].float())
+    image = io["image"].float() if "image" in io else None
+    y = forward(model, io["x"].float(), io["t"].float(), io["text"].float(), image)
     save_file({"out": y}, outp)
     print(f"forward {model_dir}: out {tuple(y.shape)}, max |out| {y.abs().max().item():.4g}")
 
 
 def main(argv):
-    if len(argv) == 2 and argv[0] == "make":
-        make(argv[1])
+    if len(argv) in (2, 3) and argv[0] == "make" and (len(argv) == 2 or argv[2] in ("i2v", "flf2v")):
+        make(*argv[1:])
     elif len(argv) in (4, 5) and argv[0] == "forward":
         forward_cmd(*argv[1:])
     else:

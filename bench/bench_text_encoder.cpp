@@ -17,40 +17,14 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "median_timing.h"
 #include "core/safetensors.h"
 #include "text/umt5.h"
 
 using namespace vidit;
 
-namespace {
-
-double cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
-}
-
-// Median wall-clock and process CPU milliseconds (all threads) of f over `reps` runs after one
-// warm-up run. CPU time is the figure that other processes on a shared machine disturb less.
-struct Timing {
-  double wall_ms, cpu_ms;
-};
-Timing median_ms(int reps, const std::function<void()>& f) {
-  f();  // warm-up
-  std::vector<double> wall, cpu;
-  for (int r = 0; r < reps; ++r) {
-    const auto a = std::chrono::steady_clock::now();
-    const double c = cpu_ms();
-    f();
-    cpu.push_back(cpu_ms() - c);
-    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
-}
-
-}  // namespace
+using bench::median_ms;
+using bench::Timing;
 
 int main(int argc, char** argv) {
   CLI::App app{"time vidit's umT5 encoder (see bench/bench_text_encoder.sh)"};

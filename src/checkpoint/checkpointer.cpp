@@ -213,20 +213,7 @@ std::optional<SaveOutcome> Checkpointer::finish_oldest() {
   }
   failed_saves_ = 0;
   last_dir_ = out.dir;
-  if (lead()) {
-    if (opt_.console) {
-      std::printf("checkpoint step %lld: training paused %.3f s, written in %.2f s in the background "
-                  "(%.1f MB by %d rank(s), %.0f MB/s) -> %s\n",
-                  (long long)out.step, out.blocked_s, out.write_s, out.bytes / 1e6, out.writers,
-                  out.write_s > 0 ? out.bytes / 1e6 / out.write_s : 0.0, out.dir.c_str());
-      std::ofstream log(opt_.out_dir + "/saves.jsonl", std::ios::app);
-      log << nlohmann::json{{"step", out.step},         {"blocked_s", out.blocked_s}, {"write_s", out.write_s},
-                            {"bytes", int64_t(out.bytes)}, {"async", opt_.async},       {"dir", out.dir}}
-                 .dump()
-          << "\n";
-    }
-    if (on_committed) on_committed(out);
-  }
+  if (lead() && on_committed) on_committed(out);
   faults_.after_save(out.step, out.dir);
   return out;
 }

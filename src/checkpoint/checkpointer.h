@@ -52,7 +52,6 @@ struct CheckpointOptions {
   int64_t snapshots = 2;      // sets of host buffers (0: written from the live state)
   double timeout_s = 1800;    // a rank's write that has not ended by then stops the run
   int64_t failures_max = 3;   // failed saves in a row that stop the run
-  bool console = true;        // a line per committed save, and <out_dir>/saves.jsonl (rank 0)
 };
 
 // What came of a save, the same on every rank.
@@ -121,7 +120,6 @@ class Checkpointer {
   // This rank's writer is still writing (not collective: fit() agrees on it with the others).
   bool writing() const { return writer_.in_flight() > 0 && !writer_.finished(); }
   double seconds_since_save() const;
-  void set_console(bool console) { opt_.console = console; }
 
   // Resumes from the newest checkpoint every rank verifies (see the header); false when there
   // is none. Collective.
@@ -129,7 +127,8 @@ class Checkpointer {
   // Reads, verifies and applies one checkpoint directory on this rank alone.
   void load(const std::string& dir, CheckpointedRun& run);
 
-  // Rank 0, after each committed save (e.g. TensorBoard scalars).
+  // Rank 0, after each committed save: its report (the run's sinks: saves.jsonl, the console
+  // line, TensorBoard scalars; train/metric_sinks.h).
   std::function<void(const SaveOutcome&)> on_committed;
 
  private:

@@ -22,9 +22,16 @@ EventLog::EventLog(const std::string& out_dir) {
 }
 
 void EventLog::write(const std::string& event, int64_t step, nlohmann::json fields) {
-  if (!out_.is_open()) return;
+  if (!out_.is_open() && !forward_) return;
   nlohmann::json line = {{"event", event}, {"step", step}, {"time", utc_now()}};
   for (auto& [k, v] : fields.items()) line[k] = v;
+  append(line);
+}
+
+void EventLog::append(const nlohmann::json& line) {
+  if (forward_) return forward_(line);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!out_.is_open()) return;
   out_ << line.dump() << '\n';
   out_.flush();
 }

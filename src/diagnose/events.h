@@ -9,22 +9,34 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace vidit {
 
+// Where events are written. Safe to call from several threads (the watchdog's reports a hang).
 class EventLog {
  public:
-  // `out_dir` empty: nothing is written (ranks other than 0, tests that do not ask).
+  using Forward = std::function<void(const nlohmann::json& line)>;
+  // Appends to <out_dir>/events.jsonl; `out_dir` empty: nothing is written (ranks other than 0,
+  // tests that do not ask).
   explicit EventLog(const std::string& out_dir = "");
+  // Hands each line to `to` (a training run's sinks, train/metric_sinks.h).
+  explicit EventLog(Forward to) : forward_(std::move(to)) {}
   void write(const std::string& event, int64_t step, nlohmann::json fields = nlohmann::json::object());
+  // A line made elsewhere (it has "event", "step" and "time" already).
+  void append(const nlohmann::json& line);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::ofstream out_;
+  Forward forward_;
+  std::mutex mu_;
 };
 
 // Every event of a run directory, in order (lines that do not parse, e.g. one torn by a kill,

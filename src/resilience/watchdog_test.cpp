@@ -2,7 +2,7 @@
 // fault injection); the others block in their next collective. With the step-based limit
 // (train.stall_steps x the median step, at least train.stall_min_s) the job ends within
 // seconds, not train.stall_timeout_s, and the report names the rank that did not arrive, from
-// the heartbeats every rank's watchdog writes.
+// the heartbeats every rank's watchdog writes; rank 0 records it in events.jsonl.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -49,6 +49,15 @@ TEST(Watchdog, HangEndsSoonAndNamesTheRankThatDidNotArrive) {
   EXPECT_NE(frames.find("vidit::FaultInjector::after_step"), std::string::npos) << frames;
   EXPECT_NE(frames.find("vidit::Trainer::fit"), std::string::npos) << frames;
   EXPECT_NE(run.output.find("rank 1: its main thread's stack"), std::string::npos) << run.output;
+  // Rank 0's watchdog thread wrote the report into the run's events (train/metric_sinks.h).
+  std::ifstream events(dir / "events.jsonl");
+  bool hang = false;
+  for (std::string line; std::getline(events, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
+    if (e.is_object() && e.value("event", "") == "hang")
+      hang = e.value("report", "").find("rank 1") != std::string::npos;
+  }
+  EXPECT_TRUE(hang) << "no hang event naming rank 1 in " << (dir / "events.jsonl");
 }
 
 // A rank that has waited kBlockedBeatS in a collective writes a heartbeat at once (not at the

@@ -1,5 +1,8 @@
 #include "train/metric_sinks.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include "train/tensorboard.h"
 
 namespace vidit {
@@ -17,5 +20,57 @@ void TensorBoardSink::health(int64_t step, bool skipped, double loss_z) {
   tb_.add_scalar("health/skipped_update", step, skipped ? 1 : 0);
   tb_.add_scalar("health/spike_loss_z", step, loss_z);
 }
+
+void TensorBoardSink::saved(const SaveOutcome& s) {
+  tb_.add_scalar("checkpoint/pause_s", s.step, s.blocked_s);
+  tb_.add_scalar("checkpoint/write_s", s.step, s.write_s);
+}
+
+void EventsFileSink::event(const nlohmann::json& line) {
+  if (!file_) file_ = std::make_unique<EventLog>(out_dir_);
+  file_->append(line);
+}
+
+void SavesFileSink::saved(const SaveOutcome& s) {
+  if (console_)
+    std::printf("checkpoint step %lld: training paused %.3f s, written in %.2f s in the background "
+                "(%.1f MB by %d rank(s), %.0f MB/s) -> %s\n",
+                (long long)s.step, s.blocked_s, s.write_s, s.bytes / 1e6, s.writers,
+                s.write_s > 0 ? s.bytes / 1e6 / s.write_s : 0.0, s.dir.c_str());
+  std::ofstream log(out_dir_ + "/saves.jsonl", std::ios::app);
+  log << nlohmann::json{{"step", s.step},          {"blocked_s", s.blocked_s}, {"write_s", s.write_s},
+                        {"bytes", int64_t(s.bytes)}, {"async", async_},          {"dir", s.dir}}
+             .dump()
+      << "\n";
+}
+
+void RunSinks::keep(std::unique_ptr<MetricSink> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kept_.push_back(std::move(sink));
+}
+
+void RunSinks::open_steps(std::vector<std::unique_ptr<MetricSink>> sinks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  steps_ = std::move(sinks);
+}
+
+bool RunSinks::has_step_sinks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !steps_.empty();
+}
+
+template <typename F>
+void RunSinks::each(F f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : kept_) f(*s);
+  for (auto& s : steps_) f(*s);
+}
+
+void RunSinks::step(const LoggedStep& s) { each([&](MetricSink& k) { k.step(s); }); }
+void RunSinks::health(int64_t step, bool skipped, double loss_z) {
+  each([&](MetricSink& k) { k.health(step, skipped, loss_z); });
+}
+void RunSinks::event(const nlohmann::json& line) { each([&](MetricSink& k) { k.event(line); }); }
+void RunSinks::saved(const SaveOutcome& s) { each([&](MetricSink& k) { k.saved(s); }); }
 
 }  // namespace vidit

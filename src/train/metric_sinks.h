@@ -1,16 +1,25 @@
-// Where a run's logged steps go, behind one interface: fit() makes one LoggedStep every
-// train.log_every steps (rank 0) and hands it to every sink; a new sink (a cluster's metrics
-// service, say) is one class, with no branch in the loop.
-//   MetricsFileSink   <out_dir>/metrics.jsonl and the console line (train/metrics.h)
+// Where a run's records go, behind one interface. Rank 0 hands every record to its sinks; a new
+// sink (a cluster's metrics service, say) is one class, with no branch in the loop.
+//   MetricsFileSink   <out_dir>/metrics.jsonl and the console line, per logged step (train/metrics.h)
 //   TensorBoardSink   TensorBoard scalars and histograms (train/tensorboard.h)
-// (The run's events go to events.jsonl through diagnose/events.h, its saves to saves.jsonl
-// through checkpoint/checkpointer.h.)
+//   EventsFileSink    <out_dir>/events.jsonl, the run's diagnostic events (diagnose/events.h)
+//   SavesFileSink     <out_dir>/saves.jsonl and the console line, per committed checkpoint
+// RunSinks fans a record out. It holds two kinds: the run's record sinks (events, saves), kept
+// for the Trainer's life because events come before fit() (the start, a resume) and after it
+// (the finish); and the step sinks (metrics, TensorBoard), opened by each fit() and reopened
+// after a rollback at the step it returned to. Events may come from the watchdog's thread (a
+// hang), so RunSinks serialises every call.
 #pragma once
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpointer.h"
+#include "diagnose/events.h"
 #include "train/metrics.h"
 
 namespace vidit {
@@ -28,9 +37,14 @@ struct LoggedStep {
 class MetricSink {
  public:
   virtual ~MetricSink() = default;
-  virtual void step(const LoggedStep& s) = 0;
+  // A logged step (every train.log_every steps, and the last).
+  virtual void step(const LoggedStep& s) {}
   // A step whose update was skipped, or that spiked (loss_z: how far its loss lay out).
   virtual void health(int64_t step, bool skipped, double loss_z) {}
+  // One line of the run's diagnostic record: "event", "step", "time" and its fields.
+  virtual void event(const nlohmann::json& line) {}
+  // A checkpoint committed.
+  virtual void saved(const SaveOutcome& s) {}
 };
 
 class MetricsFileSink : public MetricSink {
@@ -47,9 +61,52 @@ class TensorBoardSink : public MetricSink {
   explicit TensorBoardSink(TensorBoardWriter& tb) : tb_(tb) {}
   void step(const LoggedStep& s) override;
   void health(int64_t step, bool skipped, double loss_z) override;
+  void saved(const SaveOutcome& s) override;  // checkpoint/pause_s and checkpoint/write_s
 
  private:
   TensorBoardWriter& tb_;
+};
+
+// events.jsonl, opened at the first event (a run that has none leaves no file).
+class EventsFileSink : public MetricSink {
+ public:
+  explicit EventsFileSink(std::string out_dir) : out_dir_(std::move(out_dir)) {}
+  void event(const nlohmann::json& line) override;
+
+ private:
+  std::string out_dir_;
+  std::unique_ptr<EventLog> file_;
+};
+
+// saves.jsonl: step, pause, write time, bytes, async and directory per committed save; with
+// `console`, a line saying the same.
+class SavesFileSink : public MetricSink {
+ public:
+  SavesFileSink(std::string out_dir, bool async, const bool& console)
+      : out_dir_(std::move(out_dir)), async_(async), console_(console) {}
+  void saved(const SaveOutcome& s) override;
+
+ private:
+  std::string out_dir_;
+  bool async_;
+  const bool& console_;  // the Trainer's: fit(console) sets it
+};
+
+class RunSinks {
+ public:
+  void keep(std::unique_ptr<MetricSink> sink);                        // for the run's life
+  void open_steps(std::vector<std::unique_ptr<MetricSink>> sinks);  // replaces the step sinks
+  bool has_step_sinks() const;
+  void step(const LoggedStep& s);
+  void health(int64_t step, bool skipped, double loss_z);
+  void event(const nlohmann::json& line);
+  void saved(const SaveOutcome& s);
+
+ private:
+  template <typename F>
+  void each(F f);
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<MetricSink>> kept_, steps_;
 };
 
 }  // namespace vidit

@@ -16,14 +16,17 @@
 //   gradient norm    the global norm's all-reduces (ParallelModel::clip_grad_norm)
 //   spikes           all-reduce max and all-gathers (dp) of every sample's loss and sigma, and a
 //                    forward re-run on every rank, with train.spike_action != "off"
-//                    (spike_response.cpp); a rollback is decided there, alike on every rank, from
-//                    the gathered samples, and runs the resume below
-// After each step (Trainer::fit)
+//                    (spike_response.cpp); a spike there may ask for a rollback, which the
+//                    agreement below decides
+// After each step (Trainer::fit), in this order
 //   slowest rank     all-gather (world) of each rank's busy time, on logged steps (find_slowest)
 //   replicas         all-gather (world) of the replicas' fingerprints, every
 //                    train.replica_check_every steps and before each save (diagnose/replica_check.h)
-//   agreement        agree_after_step below: one all-reduce (world)
-//   saves            Checkpointer::start_save / finish_oldest (checkpoint/checkpointer.h)
+//   agreement        agree_after_step below: one all-reduce (world); a rollback it decides runs
+//                    the resume below at once (the rolled-back step's metrics line is dropped
+//                    when the sinks reopen at the step returned to)
+//   saves            Checkpointer::start_save / finish_oldest (checkpoint/checkpointer.h), as the
+//                    agreement said
 // Resume and rollback: Checkpointer::resume (checkpoint/checkpointer.h).
 // End of fit(): the last save, and summarize_communication (run_summary.cpp).
 #pragma once
@@ -37,6 +40,7 @@ struct AfterStepView {
   bool stop_requested = false;  // a signal reached this rank (resilience/stop_signal.h)
   bool save_time_due = false;   // rank 0's clock: checkpoint.every_minutes have passed
   bool writing = false;         // this rank's writer is still writing a save
+  bool rollback_asked = false;  // the step's spike asks to return to the newest checkpoint
 };
 
 // What every rank does next, the same on all.
@@ -44,6 +48,7 @@ struct AfterStepDecision {
   bool stop = false;           // some rank was asked to stop: save, then return
   bool save_due = false;       // by the clock (rank 0's)
   bool saves_written = false;  // no rank is writing: the saves in flight are finished now
+  bool roll_back = false;      // some rank's spike response asks for it: every rank resumes
 };
 
 // One all-reduce (max) over `world` of every rank's view; every rank calls it after each step.

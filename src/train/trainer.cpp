@@ -90,6 +90,14 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
       stragglers_(cfg.train.straggler_threshold, cfg.train.straggler_patience),
       spikes_(SpikeOptions{cfg.train.spike_bins, cfg.train.spike_z, cfg.train.spike_warmup}) {
   data_ = with_step_faults(data_, cfg.faults, faults_, step_);  // [faults] of the step: train/step_faults.h
+  // Rank 0's record of the run, kept for its life (train/metric_sinks.h); the others' go nowhere.
+  if (is_lead()) {
+    sinks_.keep(std::make_unique<EventsFileSink>(cfg.train.out_dir));
+    sinks_.keep(std::make_unique<SavesFileSink>(cfg.train.out_dir, cfg.checkpoint.async, console_));
+    events_ = std::make_unique<EventLog>([this](const nlohmann::json& line) { sinks_.event(line); });
+  } else {
+    events_ = std::make_unique<EventLog>();
+  }
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   if (device_.is_cuda() && device_.has_index()) use_gpu(device_.index());
   hosts_ = gather_hosts(*mesh_->world());
@@ -197,13 +205,9 @@ Trainer::Trainer(const Config& cfg, std::shared_ptr<BatchSource> source, at::Ten
   const auto& cc = cfg.checkpoint;
   ckpt_ = std::make_unique<Checkpointer>(
       CheckpointOptions{cfg.train.out_dir, cc.keep, cc.keep_every, cc.async, cc.snapshots, cc.timeout_s,
-                        cc.failures_max, true},
+                        cc.failures_max},
       mesh_, *pm_, hosts_, faults_, [this]() -> EventLog& { return events(); });
-  ckpt_->on_committed = [this](const SaveOutcome& o) {
-    if (!console_ || !tb_) return;
-    tb_->add_scalar("checkpoint/pause_s", o.step, o.blocked_s);
-    tb_->add_scalar("checkpoint/write_s", o.step, o.write_s);
-  };
+  ckpt_->on_committed = [this](const SaveOutcome& o) { sinks_.saved(o); };
   ckpt_->reserve(*this);
   // What earlier attempts of this run quarantined is never handed out again.
   quarantine_ = std::make_unique<Quarantine>(cfg.train.out_dir, cfg.train.quarantine_after);
@@ -238,10 +242,7 @@ void Trainer::with_sampling_weights(const std::function<void(DiT&)>& fn) {
   restore();
 }
 
-EventLog& Trainer::events() {
-  if (!events_) events_ = std::make_unique<EventLog>(is_lead() ? cfg_.train.out_dir : "");
-  return *events_;
-}
+EventLog& Trainer::events() { return *events_; }
 
 void Trainer::check_replicas_or_stop() {
   if (cfg_.train.replica_check_every <= 0) return;
@@ -495,7 +496,6 @@ void Trainer::open_tensorboard(bool after_rollback) {
 // fit() on one screen; what it calls is below it, in the order it calls them.
 std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHook& after_step) {
   console_ = console;
-  ckpt_->set_console(console);
   const int64_t until = until_step < 0 ? cfg_.train.steps : std::min(until_step, cfg_.train.steps);
   open_sinks(/*after_rollback=*/false);
   watch_heartbeats();
@@ -511,16 +511,10 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     VIDIT_CHECK(std::isfinite(r.loss) || r.skipped, "training diverged at step ", r.step, ": loss is ", r.loss,
                 "; lower train.lr or raise train.warmup_steps");
     report_skipped(r);
-    // spike_response.cpp: back to the newest good checkpoint, and on from there.
-    if (r.rollback && roll_back(r.step)) {
-      open_sinks(/*after_rollback=*/true);
-      continue;
-    }
     for (const auto& [bucket, sum] : r.bucket_losses)
       since_log[bucket].first += sum.first, since_log[bucket].second += sum.second;
     if (r.step % cfg_.train.log_every == 0 || r.step == until) log_step(r, since_log);  // collective
-    if (r.skipped || r.spike)
-      for (auto& sink : sinks_) sink->health(r.step, r.skipped, r.loss_z);
+    if (r.skipped || r.spike) sinks_.health(r.step, r.skipped, r.loss_z);
     windows.after_step(step_);
     pace_watchdog(r, first_step, step_times);
     if (after_step) {
@@ -532,7 +526,11 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     faults_.after_step(r.step, pm_->params());  // the step is done and logged
     if (cfg_.train.replica_check_every > 0 && r.step % cfg_.train.replica_check_every == 0) check_replicas_or_stop();
     // What every rank does next, agreed in one collective (train/run_control.h).
-    const AfterStepDecision next = agree_after_step(*mesh_->world(), after_step_view());
+    const AfterStepDecision next = agree_after_step(*mesh_->world(), after_step_view(r));
+    if (next.roll_back && roll_back(r.step)) {  // back to the newest good checkpoint (spike_response.cpp)
+      open_sinks(/*after_rollback=*/true);
+      continue;
+    }
     if (ckpt_->in_flight() > 0 && next.saves_written) finish_save();  // committed and reported at once
     if (next.stop) {
       stop_for_signal();
@@ -556,7 +554,6 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
 // checkpoint) keeps them beside the new file rather than overwriting them; a resumed run, or a
 // rollback, continues the file from its step.
 void Trainer::open_sinks(bool after_rollback) {
-  sinks_.clear();
   if (!is_lead()) return;
   std::filesystem::create_directories(cfg_.train.out_dir);
   const std::string metrics = cfg_.train.out_dir + "/metrics.jsonl";
@@ -566,10 +563,13 @@ void Trainer::open_sinks(bool after_rollback) {
     std::filesystem::rename(metrics, kept, ec);
     if (!ec && console_) std::printf("starting from step 0: the earlier %s is kept as %s\n", metrics.c_str(), kept.c_str());
   }
-  sinks_.push_back(std::make_unique<MetricsFileSink>(
+  std::vector<std::unique_ptr<MetricSink>> opened;
+  opened.push_back(std::make_unique<MetricsFileSink>(
       std::make_unique<MetricsLogger>(metrics, /*append=*/step_ > 0 || after_rollback, console_, step_)));
+  sinks_.open_steps({});  // the TensorBoard sink lets go of the writer open_tensorboard replaces
   open_tensorboard(after_rollback);
-  if (tb_) sinks_.push_back(std::make_unique<TensorBoardSink>(*tb_));
+  if (tb_) opened.push_back(std::make_unique<TensorBoardSink>(*tb_));
+  sinks_.open_steps(std::move(opened));
 }
 
 // Heartbeats for the watchdog's report of a hang: which ranks did not arrive.
@@ -603,7 +603,7 @@ void Trainer::log_step(const StepResult& r, BucketLosses& since_log) {
   m.data_wait_s = r.data_wait_s;
   if (peak_tflops_ > 0) m.mfu = m.tflops / (peak_tflops_ * mesh_->size());
   find_slowest(r, m);  // collective
-  if (!sinks_.empty()) {
+  if (sinks_.has_step_sinks()) {
     l.sample_losses = r.sample_losses;
     for (const auto& [bucket, sum] : since_log) l.loss_by_bucket[bucket] = sum.first / double(sum.second);
     l.host_heap_gib = double(host_heap_bytes()) / double(1ll << 30);
@@ -612,7 +612,7 @@ void Trainer::log_step(const StepResult& r, BucketLosses& since_log) {
       l.device_peak_gib = double(cuda_peak_allocated_bytes(gpu)) / double(1ll << 30);
       cuda_reset_peak_memory(gpu);
     }
-    for (auto& sink : sinks_) sink->step(l);
+    sinks_.step(l);
   }
   since_log.clear();
 }
@@ -628,11 +628,12 @@ void Trainer::pace_watchdog(const StepResult& r, int64_t first_step, std::vector
 }
 
 // This rank's view for the agreement after a step: a stop asked for by a signal
-// (resilience/stop_signal.h), a save due by rank 0's clock (checkpoint.every_minutes), and
-// whether a save is still being written here.
-AfterStepView Trainer::after_step_view() const {
+// (resilience/stop_signal.h), a save due by rank 0's clock (checkpoint.every_minutes), whether
+// a save is still being written here, and whether the step's spike asks for a rollback.
+AfterStepView Trainer::after_step_view(const StepResult& r) const {
   const double minutes = cfg_.checkpoint.every_minutes;
-  return {stop_requested(), is_lead() && minutes > 0 && ckpt_->seconds_since_save() >= minutes * 60, ckpt_->writing()};
+  return {stop_requested(), is_lead() && minutes > 0 && ckpt_->seconds_since_save() >= minutes * 60, ckpt_->writing(),
+          r.rollback};
 }
 
 void Trainer::stop_for_signal() {

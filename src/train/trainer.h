@@ -196,11 +196,16 @@ class Trainer : private CheckpointedRun {
   MicroBatch last_batch_;
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)
+  // Where rank 0's records go (train/metric_sinks.h; none on the others), and its events.jsonl
+  // into them. Declared before everything that writes to them (the watchdog's thread, the
+  // checkpointer), so they outlive it.
+  bool console_ = true;
+  RunSinks sinks_;
+  std::unique_ptr<EventLog> events_;
   FaultInjector faults_;     // [faults]: off unless a test asks
   std::unique_ptr<TensorBoardWriter> tb_;  // rank 0 with train.tensorboard (train/tensorboard.h)
   std::unique_ptr<Watchdog> watchdog_;  // ends this process when it stops making progress
   bool stopped_ = false;
-  bool console_ = true;
   std::shared_ptr<StepTap> tap_;
   // Saves and resumes (checkpoint/checkpointer.h).
   std::unique_ptr<Checkpointer> ckpt_;
@@ -208,11 +213,9 @@ class Trainer : private CheckpointedRun {
   // needs more host memory on this node than it has (train.host_memory_gb).
   void check_memory_plan() const;
   int64_t skipped_in_a_row_ = 0;
-  // Diagnosis: every rank's host (gathered at construction), the run's events.jsonl (rank 0;
-  // opened at first use), and the replica check (diagnose/replica_check.h), which throws
-  // ReplicasDiverged on every rank when replicas disagree.
+  // Diagnosis: every rank's host (gathered at construction) and the replica check
+  // (diagnose/replica_check.h), which throws ReplicasDiverged on every rank when replicas disagree.
   std::vector<std::string> hosts_;
-  std::unique_ptr<EventLog> events_;
   StragglerDetector stragglers_;
   // Spikes: this rank's samples of the step (loss, sigma, who), judged on every rank alike
   // after gathering them over "dp"; a spike writes forensics/step_N.json (rank 0).
@@ -249,13 +252,12 @@ class Trainer : private CheckpointedRun {
   void open_tensorboard(bool after_rollback);
   // fit()'s parts, in the order it calls them (trainer.cpp).
   using BucketLosses = std::map<std::string, std::pair<double, int64_t>>;  // sum, count
-  std::vector<std::unique_ptr<MetricSink>> sinks_;  // rank 0's (train/metric_sinks.h)
   void open_sinks(bool after_rollback);
   void watch_heartbeats();
   void report_skipped(const StepResult& r);
   void log_step(const StepResult& r, BucketLosses& since_log);
   void pace_watchdog(const StepResult& r, int64_t first_step, std::vector<double>& step_times);
-  AfterStepView after_step_view() const;
+  AfterStepView after_step_view(const StepResult& r) const;
   void stop_for_signal();
 };
 

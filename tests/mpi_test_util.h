@@ -73,14 +73,26 @@ inline ProcessResult mpirun_worker(int np, const std::string& test, const std::s
   return mpirun(np, (env.empty() ? "" : "env " + env + " ") + self + " --gtest_color=no --gtest_filter=" + test, limit_s);
 }
 
+// The Python this build uses (its torch), and a script of tests/reference/ by file name.
+inline std::string python() {
+#ifdef VIDIT_PYTHON
+  return VIDIT_PYTHON;
+#else
+  return "python3";
+#endif
+}
+inline std::string reference_script(const std::string& name) {
+#ifdef VIDIT_SOURCE_DIR
+  return std::string(VIDIT_SOURCE_DIR) + "/tests/reference/" + name;
+#else
+  return "tests/reference/" + name;
+#endif
+}
+
 // torchrun (python3 -m torch.distributed.run, from the torch this build uses), or "" (with the
 // reason in *why) when it or the `engine` the launch will use is missing.
 inline std::string torchrun_launcher(std::string* why, const std::string& engine = "gloo") {
-#ifdef VIDIT_PYTHON
-  const std::string py = VIDIT_PYTHON;
-#else
-  const std::string py = "python3";
-#endif
+  const std::string py = python();
   if (!have_c10d_engine(engine)) {
     *why = "built without the " + engine + " engine (" +
            (engine == "nccl" ? "it needs a CUDA torch" : "install libgloo-dev and reconfigure") + ")";

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/config.h"
 #include "core/device_memory.h"
@@ -49,6 +50,8 @@
 #include "resilience/stop_signal.h"
 #include "text/text_encoder.h"
 #include "pipeline/wan_pipeline.h"
+#include "pipeline/image_condition.h"
+#include "vision/image_file.h"
 #include "pipeline/sample_memory.h"
 #include "prepare/caption_store.h"
 #include "prepare/manifest.h"
@@ -420,6 +423,7 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
 // What `vidit sample` is asked for beyond the config.
 struct SampleArgs {
   std::string checkpoint, out = "samples", weights, text_encoder, tokenizer, vae, negative_prompt, size;
+  std::string image, last_image, image_encoder;  // image-to-video
   std::vector<std::string> prompts;
   bool use_ema = true, negative_given = false;
   int64_t frames = 0;
@@ -448,6 +452,7 @@ int sample_wan(Config cfg, const SampleArgs& a) {
   w.text_encoder = !a.text_encoder.empty() ? a.text_encoder : cfg.text.encoder;
   w.tokenizer = !a.tokenizer.empty() ? a.tokenizer : cfg.text.tokenizer;
   w.vae = !a.vae.empty() ? a.vae : cfg.data.vae_weights;
+  w.image_encoder = a.image_encoder;
   TensorMap transformer;
   std::string source;
   if (!a.weights.empty()) {
@@ -470,10 +475,26 @@ int sample_wan(Config cfg, const SampleArgs& a) {
   w.require_all();
   VideoRequest r;
   r.frames = a.frames > 0 ? a.frames : 81;
+  r.image = a.image, r.last_image = a.last_image;
+  const bool i2v = cfg.model.condition != FrameCondition::none;
+  VIDIT_CHECK(i2v || (a.image.empty() && a.last_image.empty()), "--image: ", source, " is a text-to-video model "
+              "(model.in_channels = ", cfg.model.in_channels, "); give an image-to-video release (in_channels = 2 x ",
+              cfg.model.out_channels, " + 4) or leave --image out");
+  VIDIT_CHECK(!i2v || !a.image.empty(), source, " is an image-to-video model (in_channels = ", cfg.model.in_channels,
+              "): give the first frame with --image FILE (and --last-image FILE for first-and-last-frame)");
+  VIDIT_CHECK(a.last_image.empty() || !a.image.empty(), "--last-image needs --image (the first frame)");
+  VIDIT_CHECK(!i2v || cfg.model.image_dim == 0 || !w.image_encoder.empty(), source, " attends to CLIP image features "
+              "(image_dim ", cfg.model.image_dim, "): give --image-encoder DIR (a transformers CLIPVisionModel folder), "
+              "or --weights a pipeline folder with image_encoder/");
   if (!a.size.empty()) {
     const auto x = a.size.find('x');
     VIDIT_CHECK(x != std::string::npos, "--size '", a.size, "': give WIDTHxHEIGHT, e.g. 832x480");
     r.width = std::stoll(a.size.substr(0, x)), r.height = std::stoll(a.size.substr(x + 1));
+  } else if (i2v) {
+    // The first picture's aspect ratio at the default size's pixel area (pipeline/image_condition.h).
+    const at::Tensor picture = vision::decode_image_file(r.image);
+    std::tie(r.height, r.width) =
+        size_for_image(picture.size(0), picture.size(1), r.width * r.height, 8 * cfg.model.patch[1]);
   }
   r.seed = a.seed >= 0 ? uint64_t(a.seed) : cfg.sample.seed;
   // The negative prompt: --negative-prompt, else sample.negative_prompt, else with a Wan release
@@ -638,7 +659,7 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
               cfg.data.cache_dir.c_str(), w, n, name_of(cfg.data.codec).c_str());
   std::fflush(stdout);
   Progress::Options progress;  // an updating line on a terminal, else a line every VIDIT_PROGRESS_SECONDS (10)
-  PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n, &progress);
+  PrepareReport r = prepare_cache(cfg, make_frame_encoder(cfg), captions, w, n, &progress, make_condition_encoder(cfg));
   std::printf("%s", prepare_summary(r, n > 1 ? "summary of worker " + std::to_string(w) + " of " + std::to_string(n)
                                              : std::string("summary")).c_str());
   std::printf("prepared %lld entries in %.1f s: %lld written, %lld already cached, %lld re-embedded (new caption), "
@@ -848,6 +869,11 @@ int main(int argc, char** argv) {
   sample->add_option("--frames", sa.frames, "frames per video, 1 + 4k (Wan: 81)")->check(CLI::PositiveNumber);
   sample->add_option("--size", sa.size, "WIDTHxHEIGHT, multiples of 16 (Wan: 832x480 or 1280x720)");
   sample->add_option("--seed", sa.seed, "noise seed (default: sample.seed)");
+  sample->add_option("--image", sa.image, "image-to-video: the first frame (PNG, JPEG, WebP, ...); without --size "
+                     "the video takes its aspect ratio at 832x480's area");
+  sample->add_option("--last-image", sa.last_image, "first-and-last-frame: the last frame");
+  sample->add_option("--image-encoder", sa.image_encoder, "the CLIP image encoder (a transformers CLIPVisionModel "
+                     "folder; default: image_encoder/ of --weights)");
   sample->add_option("-o,--out", sa.out, "output: a folder, or a .mp4 file for one prompt");
   sample->add_flag("!--raw", sa.use_ema, "use the raw weights instead of the EMA weights");
   int worker = 0, workers = 0;

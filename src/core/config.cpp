@@ -353,6 +353,14 @@ void validate_config(const Config& c) {
   const int64_t hd = m.dim / m.heads;
   VIDIT_CHECK(hd % 2 == 0 && hd >= 6, f, ": head dim model.dim/model.heads = ", hd,
               " must be even and >= 6 so 3D RoPE can split it over t, h, w");
+  if (m.condition != FrameCondition::none)
+    VIDIT_CHECK(m.in_channels == 2 * m.out_channels + 4, f, ": model.condition = \"",
+                name_of(m.condition), "\" takes the noisy latent, a 4-channel "
+                "mask and the condition's latent: model.in_channels must be 2 * model.out_channels + 4 = ",
+                2 * m.out_channels + 4, " (got ", m.in_channels, ")");
+  VIDIT_CHECK(m.condition == FrameCondition::none || c.data.source == DataSource::cache, f, ": model.condition = \"",
+              name_of(m.condition), "\" trains from a latent cache that holds each clip's condition frames: set "
+              "data.source = \"cache\" and prepare it with this config (vidit prepare)");
   const auto& d = c.data;
   VIDIT_CHECK(d.source != DataSource::cache || !d.cache_dir.empty(), f,
               ": data.source = \"cache\" needs data.cache_dir (the folder `vidit prepare` wrote)");

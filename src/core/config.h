@@ -37,6 +37,9 @@ std::vector<std::string> enum_spellings(std::string_view enumerators);  // "a, b
 
 // data.source: generated shape videos, random latents, or a latent cache (`vidit prepare`).
 VIDIT_CONFIG_ENUM(DataSource, demo, synthetic, cache)
+// model.condition: text only, or the frames an image-to-video model is conditioned on
+// (diffusion/frame_condition.h).
+VIDIT_CONFIG_ENUM(FrameCondition, none, first_frame, first_last_frame)
 // data.codec: the lossless demo codec, or the Wan 2.1 VAE.
 VIDIT_CONFIG_ENUM(Codec, demo, wan_vae)
 // data.text_encoder: the built-in caption embedder, or files the manifest names.
@@ -110,7 +113,11 @@ using StrList = std::vector<std::string>;
       "with in_channels = 36: the noisy latent, a 4-channel mask and the condition's latent); 0 = none") \
   KEY(int64_t, image_pos_tokens, 0, non_negative,                                                      \
       "first-and-last-frame models: a learned position embedding over this many image tokens (Wan "    \
-      "FLF2V: 514, two images of 257); 0 = none")
+      "FLF2V: 514, two images of 257); 0 = none")                                                   \
+  KEY(FrameCondition, condition, FrameCondition::none, any,                                            \
+      "image-to-video: the frames given as a condition, \"first_frame\" (Wan I2V) or \"first_last_frame\" " \
+      "(FLF2V); the model then takes in_channels = 2 * out_channels + 4: the noisy latent, a mask of "  \
+      "the given frames at the VAE's 4-frame stride, and the latent of those frames with zeros between")
 
 #define VIDIT_DATA_KEYS(KEY)                                                                           \
   KEY(DataSource, source, DataSource::demo, any,                                                       \
@@ -126,6 +133,10 @@ using StrList = std::vector<std::string>;
   KEY(std::string, vae_weights, "", any,                                                               \
       "the Wan 2.1 VAE (codec = \"wan_vae\"): a .safetensors file in official or diffusers names, a vae/ " \
       "folder or a diffusers pipeline root (vae/vae_layout.h)")                                          \
+  KEY(std::string, image_encoder, "", any,                                                             \
+      "image-to-video with CLIP features (model.image_dim > 0): the encoder `vidit prepare` runs on each " \
+      "clip's first frame, a transformers CLIPVisionModel folder or a diffusers pipeline root (its "     \
+      "image_encoder/ and image_processor/)")                                                            \
   KEY(TextEncoder, text_encoder, TextEncoder::demo, any,                                               \
       "\"demo\" (built-in caption embedder) or \"precomputed\" (files the manifest names)")           \
   KEY(Decoder, decoder, Decoder::automatic, any, "\"auto\" (NVDEC when a GPU is there, else CPU), \"cpu\", \"nvdec\"") \

@@ -32,6 +32,10 @@ struct MicroBatch {
   // Who each row is, for blame when a step goes wrong (diagnose/forensics.h): a JSON object,
   // {"index": i} for a dataset, {"key", "source", "start", "end", "bucket"} for the cache.
   std::vector<std::string> ids;
+  // Image-to-video (model.condition): [B, 4 + C, T, H, W], the given frames' mask and latent the
+  // DiT takes beside the noisy latent (diffusion/frame_condition.h), and [B, tokens, D], the
+  // frames' CLIP features (model.image_dim > 0); undefined for text-to-video.
+  at::Tensor condition, image;
 };
 
 class BatchSource {
@@ -76,7 +80,7 @@ class EpochBatchSource : public BatchSource {
       }
     std::vector<int64_t> mine(all.begin() + rank_ * per_rank, all.begin() + (rank_ + 1) * per_rank);
     auto [x, t] = data_->batch(mine);
-    MicroBatch b{x, at::Tensor(), t, batch_size, rank_ * per_rank, {}};
+    MicroBatch b{x, at::Tensor(), t, batch_size, rank_ * per_rank, {}, {}, {}};
     for (int64_t i : mine) b.ids.push_back("{\"index\":" + std::to_string(i) + "}");
     return b;
   }

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "diffusion/frame_condition.h"
 
 namespace vidit {
 
@@ -15,9 +16,23 @@ CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config&
   std::vector<int64_t> tokens;
   for (int64_t i = 0; i < cache_->size(); ++i) {
     const CacheIndexEntry& e = cache_->entry(i);
-    VIDIT_CHECK(e.shape[0] == m.in_channels, "latent cache '", cache_->dir(), "': sample '", e.key, "' has ",
-                e.shape[0], " latent channels but model.in_channels is ", m.in_channels,
+    VIDIT_CHECK(e.shape[0] == m.out_channels, "latent cache '", cache_->dir(), "': sample '", e.key, "' has ",
+                e.shape[0], " latent channels but model.out_channels is ", m.out_channels,
                 "; the cache was made with another codec: re-run vidit prepare or fix the config");
+    // Image-to-video trains on what prepare stored per clip (prepare/frame_encoder.h): a cache
+    // made for text-to-video has nothing to condition on.
+    if (m.condition != FrameCondition::none) {
+      VIDIT_CHECK(e.cond, "latent cache '", cache_->dir(), "': sample '", e.key, "' has no condition latent, but "
+                  "model.condition = \"", name_of(m.condition), "\": the cache was "
+                  "prepared for text-to-video. Run vidit prepare with this config (model.condition set) into another "
+                  "data.cache_dir");
+      VIDIT_CHECK(m.image_dim == 0 || (e.image_shape.size() == 2 && e.image_shape[1] == m.image_dim), "latent cache '",
+                  cache_->dir(), "': sample '", e.key, "' has ",
+                  e.image_shape.empty() ? std::string("no CLIP image features")
+                                        : "image features " + c10::str(c10::IntArrayRef(e.image_shape)),
+                  " but model.image_dim = ", m.image_dim, ": prepare it with data.image_encoder set to the model's CLIP "
+                  "image encoder");
+    }
     for (int a = 0; a < 3; ++a)
       VIDIT_CHECK(e.shape[size_t(a) + 1] % m.patch[size_t(a)] == 0, "latent cache '", cache_->dir(), "': sample '",
                   e.key, "' (bucket ", e.bucket, ") has latent shape ", c10::IntArrayRef(e.shape),
@@ -108,7 +123,7 @@ void CacheLoader::work() {
 
 MicroBatch CacheLoader::assemble(const Job& job) {
   const auto& m = cfg_.model;
-  std::vector<at::Tensor> lat, spread, txt;
+  std::vector<at::Tensor> lat, spread, txt, cond, image;
   std::vector<std::string> ids;
   for (int64_t i : job.indices) {
     try {
@@ -120,6 +135,8 @@ MicroBatch CacheLoader::assemble(const Job& job) {
       lat.push_back(s.mean);
       spread.push_back(s.std);
       txt.push_back(t);
+      if (m.condition != FrameCondition::none) cond.push_back(s.cond.to(at::kFloat));
+      if (m.condition != FrameCondition::none && m.image_dim > 0) image.push_back(s.image.to(at::kFloat));
       const CacheIndexEntry& e = cache_->entry(i);
       nlohmann::json id = {{"key", e.key}, {"bucket", e.bucket}};
       for (const char* k : {"source", "start", "end"})
@@ -132,13 +149,27 @@ MicroBatch CacheLoader::assemble(const Job& job) {
     }
   }
   if (lat.empty()) {
-    const auto& sh = job.indices.empty() ? std::vector<int64_t>{m.in_channels, 1, 1, 1} : cache_->entry(job.indices[0]).shape;
+    const auto& sh = job.indices.empty() ? std::vector<int64_t>{m.out_channels, 1, 1, 1} : cache_->entry(job.indices[0]).shape;
     at::Tensor empty = at::zeros({0, sh[0], sh[1], sh[2], sh[3]});
-    return {empty, empty, at::zeros({0, m.text_len, m.text_dim})};
+    MicroBatch none;
+    none.latents = none.latent_std = empty, none.texts = at::zeros({0, m.text_len, m.text_dim});
+    if (m.condition != FrameCondition::none) none.condition = at::zeros({0, sh[0] + 4, sh[1], sh[2], sh[3]});
+    if (m.condition != FrameCondition::none && m.image_dim > 0) none.image = at::zeros({0, 1, m.image_dim});
+    return none;
   }
-  MicroBatch b{at::stack(lat), at::stack(spread), at::stack(txt)};
+  MicroBatch b;
+  b.latents = at::stack(lat), b.latent_std = at::stack(spread), b.texts = at::stack(txt);
   b.ids = std::move(ids);
+  if (!cond.empty()) {  // the mask of the given frames, the same for every clip of the bucket
+    const at::Tensor c = at::stack(cond);
+    const int64_t frames = 4 * (c.size(2) - 1) + 1;
+    b.condition = frame_condition(
+        frame_condition_mask(frames, c.size(3), c.size(4), m.condition == FrameCondition::first_last_frame), c);
+  }
+  if (!image.empty()) b.image = at::stack(image);
   if (pin_) b.latents = b.latents.pin_memory(), b.latent_std = b.latent_std.pin_memory(), b.texts = b.texts.pin_memory();
+  if (pin_ && b.condition.defined()) b.condition = b.condition.pin_memory();
+  if (pin_ && b.image.defined()) b.image = b.image.pin_memory();
   return b;
 }
 
@@ -175,6 +206,8 @@ MicroBatch CacheLoader::without_skipped(MicroBatch b) const {
     return pin_ && r.numel() > 0 ? r.pin_memory() : r;
   };
   b.latents = rows(b.latents), b.latent_std = rows(b.latent_std), b.texts = rows(b.texts);
+  if (b.condition.defined()) b.condition = rows(b.condition);
+  if (b.image.defined()) b.image = rows(b.image);
   b.ids = std::move(ids);
   return b;
 }

@@ -30,11 +30,13 @@ uint64_t parse_hex64(const std::string& s, const std::string& where) {
   return std::stoull(s, nullptr, 16);
 }
 
-// Checksum of a sample: its tensors' bytes in a fixed order.
-uint64_t checksum(const at::Tensor& mean, const at::Tensor& std, const at::Tensor& text) {
+// Checksum of a sample: its tensors' bytes in a fixed order (image-to-video's condition latent and
+// CLIP features last, so a text-to-video sample's checksum is what it always was).
+uint64_t checksum(const at::Tensor& mean, const at::Tensor& std, const at::Tensor& text, const at::Tensor& cond = {},
+                  const at::Tensor& image = {}) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  for (const at::Tensor* t : {&mean, &std, &text})
+  for (const at::Tensor* t : {&mean, &std, &text, &cond, &image})
     if (t->defined()) XXH3_64bits_update(st, t->data_ptr(), size_t(t->numel()) * t->element_size());
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
@@ -99,6 +101,8 @@ nlohmann::json CacheIndexEntry::to_json() const {
   if (!text_ref.empty()) j["text_ref"] = text_ref;
   if (rev > 0) j["rev"] = rev;
   if (!made.is_null()) j["made"] = made;
+  if (cond) j["cond"] = true;
+  if (!image_shape.empty()) j["image"] = image_shape;
   return j;
 }
 
@@ -114,6 +118,8 @@ CacheIndexEntry CacheIndexEntry::from_json(const nlohmann::json& j, const std::s
     e.text_ref = j.value("text_ref", std::string());
     e.rev = j.value("rev", int64_t(0));
     if (auto m = j.find("made"); m != j.end()) e.made = *m;
+    e.cond = j.value("cond", false);
+    if (auto im = j.find("image"); im != j.end()) e.image_shape = im->get<std::vector<int64_t>>();
   } catch (const nlohmann::json::exception& ex) {
     fail(where, ": bad cache index entry (", ex.what(), "); re-run vidit prepare to rewrite it");
   }
@@ -151,7 +157,9 @@ CacheSample read_cached_sample(const std::string& dir, const CacheIndexEntry& e)
   s.key = e.key, s.bucket = e.bucket, s.text_ref = e.text_ref, s.meta = e.meta, s.rev = e.rev, s.made = e.made;
   s.mean = get("mean"), s.std = get("std");
   if (e.text_ref.empty()) s.text = get("text");
-  if (checksum(s.mean, s.std, s.text) != e.checksum)
+  if (e.cond) s.cond = get("cond");
+  if (!e.image_shape.empty()) s.image = get("image");
+  if (checksum(s.mean, s.std, s.text, s.cond, s.image) != e.checksum)
     throw CacheCorruption("cache sample '" + e.key + "' in '" + path + "' fails its checksum (the shard is damaged)");
   return s;
 }
@@ -196,19 +204,33 @@ void CacheWriter::add(const CacheSample& s) {
   at::Tensor mean = s.mean.detach().to(at::kCPU, dtype_).contiguous();
   at::Tensor std = s.std.detach().to(at::kCPU, dtype_).contiguous();
   at::Tensor text = s.text.defined() ? s.text.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
+  VIDIT_CHECK(!s.cond.defined() || s.cond.sizes() == s.mean.sizes(), "cache writer: sample '", s.key,
+              "': its condition latent ", s.cond.sizes(), " is not shaped as its latent ", s.mean.sizes());
+  VIDIT_CHECK(!s.image.defined() || s.image.dim() == 2, "cache writer: sample '", s.key,
+              "': its image features must be [tokens, D], got ", s.image.sizes());
+  // The condition latent is stored as the latents are; CLIP features in bf16 as well (the DiT
+  // projects them under autocast).
+  at::Tensor cond = s.cond.defined() ? s.cond.detach().to(at::kCPU, dtype_).contiguous() : at::Tensor();
+  at::Tensor image = s.image.defined() ? s.image.detach().to(at::kCPU, dtype_).contiguous() : at::Tensor();
   pending_[s.key + "/mean"] = mean;
   pending_[s.key + "/std"] = std;
   if (text.defined()) pending_[s.key + "/text"] = text;
+  if (cond.defined()) pending_[s.key + "/cond"] = cond;
+  if (image.defined()) pending_[s.key + "/image"] = image;
   CacheIndexEntry e;
   e.key = s.key, e.bucket = s.bucket, e.text_ref = s.text_ref, e.meta = s.meta;
   e.shape = mean.sizes().vec();
-  e.checksum = checksum(mean, std, text);
+  e.checksum = checksum(mean, std, text, cond, image);
+  e.cond = cond.defined();
+  if (image.defined()) e.image_shape = image.sizes().vec();
   e.rev = s.rev;
   e.made = s.made;
   done_[s.key] = CachedKey{s.rev, "", s.text_ref, caption_digest(s.meta.value("caption", std::string())),
                            s.made.is_null() ? std::string() : s.made.dump(), s.meta.value("source", std::string())};
   pending_index_.push_back(std::move(e));
   pending_bytes_ += int64_t(2 * mean.numel() * mean.element_size() + (text.defined() ? text.numel() * 4 : 0));
+  for (const at::Tensor* t : {&cond, &image})
+    if (t->defined()) pending_bytes_ += int64_t(t->numel() * t->element_size());
   if (pending_bytes_ >= shard_bytes_) flush();
 }
 
@@ -292,10 +314,11 @@ LatentCache::Loaded LatentCache::load(int64_t i, bool verify) const {
     return at::from_blob(it->second.data_ptr(), it->second.sizes(), [keep](void*) { delete keep; },
                          it->second.options());
   };
-  Loaded out{get("mean", true), get("std", true), e.text_ref.empty() ? get("text", true) : at::Tensor()};
+  Loaded out{get("mean", true), get("std", true), e.text_ref.empty() ? get("text", true) : at::Tensor(),
+             e.cond ? get("cond", true) : at::Tensor(), e.image_shape.empty() ? at::Tensor() : get("image", true)};
   VIDIT_CHECK(out.mean.sizes().vec() == e.shape, "cache sample '", e.key, "' in '", s->path, "' has shape ",
               out.mean.sizes(), " but the index says ", c10::IntArrayRef(e.shape));
-  if (verify && checksum(out.mean, out.std, out.text) != e.checksum)
+  if (verify && checksum(out.mean, out.std, out.text, out.cond, out.image) != e.checksum)
     throw CacheCorruption("cache sample '" + e.key + "' in '" + s->path +
                           "' fails its checksum (the shard is damaged); it is skipped. "
                           "Re-run vidit prepare after deleting that shard and its index part to rebuild it");

@@ -37,6 +37,10 @@ struct CacheSample {
   std::string key;        // unique and stable (see cache_key)
   at::Tensor mean, std;   // [C, T, H, W] latent posterior (std = exp(logvar / 2))
   at::Tensor text;        // [Lt, D] text embedding; undefined when text_ref is set
+  // Image-to-video (model.condition): the condition video's latent [C, T, H, W] (the clip's given
+  // frames, zeros between, through the same encoder; "{key}/cond") and the first (and last)
+  // frame's CLIP features [tokens, D] ("{key}/image"); undefined in a text-to-video cache.
+  at::Tensor cond, image;
   std::string text_ref;   // a safetensors file holding this sample's text embedding, or empty
   std::string bucket;     // bucket name, e.g. "17x256x448"
   nlohmann::json meta = nlohmann::json::object();  // source, start, end, fps, caption, ...
@@ -54,6 +58,10 @@ struct CacheIndexEntry {
   int64_t rev = 0;             // "rev" in the line, absent for 0 (caches written before it)
   nlohmann::json meta;
   nlohmann::json made;         // "made": what made it (prepare/provenance.h); null in caches written before it
+  // Image-to-video: "cond" true when the shard holds "{key}/cond" (the condition latent, shaped as
+  // the latent), "image" the shape [tokens, D] of "{key}/image" (empty: none).
+  bool cond = false;
+  std::vector<int64_t> image_shape;
   nlohmann::json to_json() const;
   static CacheIndexEntry from_json(const nlohmann::json& j, const std::string& where);
 };
@@ -132,6 +140,7 @@ class LatentCache {
 
   struct Loaded {
     at::Tensor mean, std, text;  // views into the mapped shard (text may be loaded from text_ref)
+    at::Tensor cond, image;      // image-to-video's (CacheSample), or undefined
   };
   // Thread-safe. Throws CacheCorruption on a checksum mismatch (when `verify`), vidit::Error when
   // the shard or text file is missing or malformed.

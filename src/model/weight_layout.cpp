@@ -270,6 +270,14 @@ json diffusers_config(const ModelConfig& c) {
               {"text_dim", c.text_dim}};
 }
 
+// A release's frame conditioning, from its channels: 2 * out + 4 in (Wan I2V's 36 = 16 + 4 + 16)
+// takes the condition frames' mask and latent; a position embedding over the image tokens marks
+// a first-and-last-frame model.
+FrameCondition frame_condition_of(const ModelConfig& m) {
+  if (m.in_channels != 2 * m.out_channels + 4) return FrameCondition::none;
+  return m.image_pos_tokens > 0 ? FrameCondition::first_last_frame : FrameCondition::first_frame;
+}
+
 // Wan's model_type: image conditioning is all that tells them apart in the transformer.
 const char* wan_model_type(const ModelConfig& c) {
   return c.image_pos_tokens > 0 ? "flf2v" : c.image_dim > 0 ? "i2v" : "t2v";
@@ -568,6 +576,7 @@ ModelConfig model_config_from_diffusers(const std::string& path) {
                            : 0;
   VIDIT_CHECK(m.image_pos_tokens == 0 || m.image_dim > 0, "config '", path,
               "': pos_embed_seq_len is set without image_dim");
+  m.condition = frame_condition_of(m);
   check_model_shapes(m, path);
   return m;
 }
@@ -607,6 +616,7 @@ ModelConfig model_config_from_wan(const std::string& path) {
   m.rope_theta = kWanRopeTheta;
   if (type != "t2v") m.image_dim = kWanImageDim;
   if (type == "flf2v") m.image_pos_tokens = 2 * kWanImageTokens;
+  m.condition = frame_condition_of(m);
   check_model_shapes(m, path);
   return m;
 }

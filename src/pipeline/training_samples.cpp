@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/precision.h"
+#include "diffusion/frame_condition.h"
 #include "diffusion/sampler.h"
 #include "loader/latent_cache.h"
 #include "model/dit.h"
@@ -57,6 +58,35 @@ std::string step_dir(const std::string& out_dir, int64_t step) {
 
 }  // namespace
 
+namespace {
+
+// Image-to-video: cache entry i's condition frames (its stored latent with the mask) and CLIP
+// features on `p`; nothing for text-to-video.
+void take_condition(const Config& cfg, const LatentCache& cache, int64_t i, SamplePrompt& p) {
+  const auto& m = cfg.model;
+  if (m.condition == FrameCondition::none) return;
+  const LatentCache::Loaded s = cache.load(i);
+  VIDIT_CHECK(s.cond.defined(), "sample.every: sample ", cache.entry(i).key, " of ", cache.dir(),
+              " has no condition latent; prepare the cache with model.condition set");
+  const at::Tensor c = s.cond.to(at::kFloat).unsqueeze(0);
+  p.condition = frame_condition(frame_condition_mask(4 * (c.size(2) - 1) + 1, c.size(3), c.size(4),
+                                                     m.condition == FrameCondition::first_last_frame),
+                                c)[0];
+  if (m.image_dim > 0) p.image = s.image.to(at::kFloat);
+}
+
+// The model's velocity for prompt `p`: its condition frames beside the input and its image
+// features beside the text (image-to-video), as the run's training step feeds them.
+at::Tensor prompt_forward(DiT& model, const SamplePrompt& p, const at::Tensor& x, const at::Tensor& t,
+                          const at::Tensor& txt) {
+  const at::Tensor cond = p.condition.defined() ? p.condition.unsqueeze(0).to(x.device()) : at::Tensor();
+  const at::Tensor img =
+      p.image.defined() ? p.image.unsqueeze(0).to(x.device()).expand({x.size(0), -1, -1}) : at::Tensor();
+  return model->forward(with_frame_condition(x, cond), t, txt, img);
+}
+
+}  // namespace
+
 std::vector<SamplePrompt> training_sample_prompts(const Config& cfg, const LatentCache& cache) {
   const auto& m = cfg.model;
   VIDIT_CHECK(cache.size() > 0, "sample.every: the latent cache ", cache.dir(), " holds no sample to take a size from");
@@ -83,6 +113,7 @@ std::vector<SamplePrompt> training_sample_prompts(const Config& cfg, const Laten
                   p.text.size(1), "-wide text embedding; model.text_dim is ", m.text_dim);
       p.latent_shape = e.shape;
       p.bucket = e.bucket;
+      take_condition(cfg, cache, i, p);
       out.push_back(std::move(p));
     }
     return out;
@@ -93,8 +124,9 @@ std::vector<SamplePrompt> training_sample_prompts(const Config& cfg, const Laten
   const std::string bucket =
       std::max_element(per_bucket.begin(), per_bucket.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
   std::vector<int64_t> shape;
+  int64_t first = 0;
   for (int64_t i = 0; i < cache.size() && shape.empty(); ++i)
-    if (cache.entry(i).bucket == bucket) shape = cache.entry(i).shape;
+    if (cache.entry(i).bucket == bucket) shape = cache.entry(i).shape, first = i;
   at::Tensor texts;
   if (!cfg.text.encoder.empty()) {
     text::TextEncoder enc(text::text_encoder_options(cfg));
@@ -109,8 +141,10 @@ std::vector<SamplePrompt> training_sample_prompts(const Config& cfg, const Laten
     for (const auto& c : cfg.sample.prompts) rows.push_back(demo::embed_caption(c, m.text_len, m.text_dim));
     texts = at::stack(rows);
   }
-  for (size_t i = 0; i < cfg.sample.prompts.size(); ++i)
+  for (size_t i = 0; i < cfg.sample.prompts.size(); ++i) {
     out.push_back({cfg.sample.prompts[i], to_context(texts[int64_t(i)], m.text_len), shape, bucket});
+    take_condition(cfg, cache, first, out.back());
+  }
   return out;
 }
 
@@ -138,9 +172,7 @@ std::vector<at::Tensor> TrainingSamples::decode(const std::vector<at::Tensor>& l
     for (const auto& l : latents) frames.push_back(demo::codec_decode(l.to(at::kCPU), cfg_.demo.codec_block));
     return frames;
   }
-  WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(device_));
-  load_wan_vae(*vae, cfg_.data.vae_weights);
-  vae->eval();
+  WanVAE vae = open_wan_vae(cfg_.data.vae_weights, at::TensorOptions().device(device_));
   for (const auto& l : latents) {
     VaeRunOptions ro;
     ro.tiling.enabled = l.size(2) * 8 > 512 || l.size(3) * 8 > 512;
@@ -169,12 +201,14 @@ std::vector<at::Tensor> TrainingSamples::latents(const TensorMap& weights) const
   load_state_dict(*model, weights, "the run's sampling weights");
   model->eval();
   model->to(device_);
+  size_t cur = 0;
   auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
     AutocastGuard autocast(device_.type(), device_.is_cuda(), at::kBFloat16);
-    return model->forward(x, t, txt).to(at::kFloat);
+    return prompt_forward(model, prompts_[cur], x, t, txt).to(at::kFloat);
   };
   std::vector<at::Tensor> latents;
   for (size_t i = 0; i < prompts_.size(); ++i) {
+    cur = i;
     at::Tensor lat = sample_latents(field, noise(i), prompts_[i].text.unsqueeze(0).to(device_), negative_text_.to(device_),
                                     cfg_.sample);
     latents.push_back(lat[0].to(at::kCPU));
@@ -205,6 +239,10 @@ void TrainingSamples::share(Comm& world) {
     p.text = broadcast_any(world, lead ? p.text : at::Tensor(), 0, at::kCPU);
     at::Tensor shape = broadcast_any(world, lead ? at::tensor(p.latent_shape, at::kLong) : at::Tensor(), 0, at::kCPU);
     p.latent_shape.assign(shape.data_ptr<int64_t>(), shape.data_ptr<int64_t>() + shape.numel());
+    if (cfg_.model.condition != FrameCondition::none) {
+      p.condition = broadcast_any(world, lead ? p.condition : at::Tensor(), 0, at::kCPU);
+      if (cfg_.model.image_dim > 0) p.image = broadcast_any(world, lead ? p.image : at::Tensor(), 0, at::kCPU);
+    }
   }
   null_text_ = broadcast_any(world, lead ? null_text_ : at::Tensor(), 0, at::kCPU);
   negative_text_ = broadcast_any(world, lead ? negative_text_ : at::Tensor(), 0, at::kCPU);
@@ -222,9 +260,10 @@ std::vector<at::Tensor> TrainingSamples::latents_on_mesh(DiT& model, const Mesh&
   torch::NoGradGuard no_grad;
   const int dp = mesh.degree("dp"), d = mesh.coord("dp");
   const size_t n = prompts_.size();
+  size_t cur = 0;
   auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
     AutocastGuard autocast(device_.type(), device_.is_cuda() || autocasts_bf16(cfg_.train.precision), at::kBFloat16);
-    return model->forward(x, t, txt).to(at::kFloat);
+    return prompt_forward(model, prompts_[cur], x, t, txt).to(at::kFloat);
   };
   // Prompt i on data-parallel rank i % dp; every rank makes as many passes as the busiest (a
   // rank without a prompt of its own in the last round samples one again and drops it), so
@@ -234,6 +273,7 @@ std::vector<at::Tensor> TrainingSamples::latents_on_mesh(DiT& model, const Mesh&
   for (size_t k = 0; k < rounds; ++k) {
     const size_t i = k * size_t(dp) + size_t(d);
     const size_t j = i < n ? i : i % n;
+    cur = j;
     at::Tensor lat = sample_latents(field, noise(j), prompts_[j].text.unsqueeze(0).to(device_),
                                     negative_text_.to(device_), cfg_.sample);
     if (i < n) mine[i] = lat[0].to(at::kCPU);

@@ -44,6 +44,10 @@ struct SamplePrompt {
   at::Tensor text;                    // [text_len, D] fp32, zeros after the caption's tokens
   std::vector<int64_t> latent_shape;  // [C, T, H, W] of the latents to sample
   std::string bucket;                 // the bucket whose size it has
+  // Image-to-video (model.condition): a cached clip's condition frames [4 + C, T, H, W] (mask and
+  // latent) and CLIP features [tokens, D]; the clip's own, or for a named prompt the first clip
+  // of its bucket. Undefined for text-to-video.
+  at::Tensor condition, image;
 };
 
 // The prompts of a run as described above. Throws vidit::Error when sample.prompts is set but the

@@ -13,12 +13,14 @@
 #include "core/host_peak.h"
 #include "core/precision.h"
 #include "core/progress.h"
+#include "diffusion/frame_condition.h"
 #include "diffusion/sampler.h"
 #include "core/unallocated.h"
 #include "model/dit.h"
 #include "parallel/parallelize.h"
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
+#include "pipeline/image_condition.h"
 #include "text/text_encoder.h"
 #include "vae/vae_layout.h"
 #include "vae/wan_vae.h"
@@ -80,6 +82,10 @@ void WanWeights::fill_from(const std::string& root_path) {
     if (tokenizer.empty() && fs::is_directory(root / "tokenizer")) tokenizer = (root / "tokenizer").string();
     // vae/: diffusers' AutoencoderKLWan (or an official Wan2.1_VAE.safetensors put there).
     if (vae.empty() && fs::is_directory(root / "vae")) vae = find_vae_files(root.string()).weights;
+    // Image-to-video with CLIP features (Wan 2.1 I2V): the encoder and its processor.
+    if (image_encoder.empty() && fs::is_directory(root / "image_encoder")) image_encoder = (root / "image_encoder").string();
+    if (image_processor.empty() && fs::is_directory(root / "image_processor"))
+      image_processor = (root / "image_processor").string();
     return;
   }
   // An official release: the transformer's files at the top, the rest beside them.
@@ -88,6 +94,13 @@ void WanWeights::fill_from(const std::string& root_path) {
     text_encoder = first_existing(root, {"models_t5_umt5-xxl-enc-bf16.safetensors", "text_encoder",
                                          "models_t5_umt5-xxl-enc-bf16.pth"});
   if (tokenizer.empty()) tokenizer = first_existing(root, {"google/umt5-xxl", "tokenizer"});
+  // Wan's own I2V releases ship open-clip's CLIP as a .pth under open-clip's names; vidit reads a
+  // transformers CLIPVisionModel (diffusers' image_encoder/ of the same release).
+  if (image_encoder.empty()) image_encoder = first_existing(root, {"image_encoder"});
+  VIDIT_CHECK(!image_encoder.empty() || !is_file(root / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"),
+              "weights '", root_path, "' has Wan's open-clip image encoder as a .pth (open-clip's names), which "
+              "vidit does not read: give --image-encoder DIR, a transformers CLIPVisionModel folder such as the "
+              "image_encoder/ of the same release in diffusers' layout (Wan-AI/Wan2.1-I2V-14B-480P-Diffusers)");
   if (vae.empty()) {
     vae = first_existing(root, {"Wan2.1_VAE.safetensors"});
     VIDIT_CHECK(!vae.empty() || !is_file(root / "Wan2.1_VAE.pth"), "weights '", root_path, "' has Wan2.1_VAE.pth, "
@@ -118,7 +131,7 @@ void check_video_request(const VideoRequest& r, const ModelConfig& m) {
 }
 
 std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m) {
-  return {1, m.in_channels, (r.frames - 1) / 4 + 1, r.height / 8, r.width / 8};
+  return {1, m.out_channels, (r.frames - 1) / 4 + 1, r.height / 8, r.width / 8};
 }
 
 namespace {
@@ -142,8 +155,14 @@ void hold_projections_in(DiTImpl& model, at::ScalarType dtype) {
 
 at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std::string& source, const at::Tensor& context,
                            const at::Tensor& negative, const at::Tensor& noise, at::Device device,
-                           const SamplingRanks* ranks, bool verbose) {
+                           const SamplingRanks* ranks, bool verbose, const ImageCondition& condition) {
   c10::InferenceMode inference;
+  VIDIT_CHECK(condition.defined() == (cfg.model.condition != FrameCondition::none),
+              condition.defined() ? "a frame condition was given to a text-to-video model (model.condition = \"none\")"
+                                  : "an image-to-video model (model.condition) needs the condition frames");
+  // The condition frames and image features on the device, once; the same for both guidance branches.
+  const at::Tensor frames = condition.frames.defined() ? condition.frames.to(device) : at::Tensor();
+  const at::Tensor image = condition.image.defined() ? condition.image.to(device) : at::Tensor();
   const bool many = ranks && ranks->size() > 1;
   verbose = verbose && (!ranks || ranks->lead());
   const at::ScalarType weight_dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
@@ -182,7 +201,8 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
     at::Tensor v;
     {
       AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
-      v = model->forward(x, t, txt).to(at::kFloat);
+      const at::Tensor img = image.defined() ? image.expand({x.size(0), -1, -1}) : image;
+      v = model->forward(with_frame_condition(x, frames), t, txt, img).to(at::kFloat);
     }
     if (halves) v = combine_guidance(*ranks, v, cfg.sample.cfg_scale);
     progress.advance();  // on a GPU the launch queue fills within a step, so the rate is right after one
@@ -239,6 +259,20 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
   if (verbose)
     std::printf("[sample] text encoded in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
 
+  // 1b. Image-to-video: the pictures through the VAE (the condition frames) and CLIP (the image
+  //     features), then freed (pipeline/image_condition.h); on rank 0, broadcast.
+  ImageCondition condition;
+  if (cfg.model.condition != FrameCondition::none || !request.image.empty()) {
+    PhaseMeter meter("image", device);
+    if (lead) condition = make_image_condition(cfg, weights, request, device);
+    if (many) {
+      condition.frames = broadcast_any(*ranks->world, condition.frames, 0, device);
+      if (cfg.model.image_dim > 0) condition.image = broadcast_any(*ranks->world, condition.image, 0, device);
+    }
+    out.phases.push_back(meter.done());
+    if (verbose) std::printf("[sample] image condition encoded in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
+  }
+
   // 2. Denoise: the DiT with guidance, stepped by the configured solver; freed at the end. With
   //    many ranks: parallelized on this rank's mesh (sampling_ranks.h), its part of the weights
   //    copied from the mapped file, guidance on two halves when the ranks are so laid out.
@@ -248,7 +282,7 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
                                  at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
     const TensorMap whole = transformer_weights(weights, transformer);
     at::Tensor lat = denoise_latents(cfg, whole, transformer.empty() ? weights.transformer : "the given transformer weights",
-                                     context, negative, noise, device, ranks, verbose);
+                                     context, negative, noise, device, ranks, verbose, condition);
     out.latents = lat.to(at::kCPU, at::kFloat);
     out.phases.push_back(meter.done());
   }
@@ -263,9 +297,7 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     TileShare share;
     if (many && ro.tiling.enabled) share = tile_share(*ranks, device), ro.share = &share;
     if (lead || ro.share) {
-      WanVAE vae(WanVAEConfig{}, at::TensorOptions().device(device));
-      load_wan_vae(*vae, weights.vae);
-      vae->eval();
+      WanVAE vae = open_wan_vae(weights.vae, at::TensorOptions().device(device));
       at::Tensor video = vae->decode_latents(out.latents.to(device), ro);  // [1, 3, F, H, W] in [-1, 1]
       if (lead)
         out.frames = ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous();

@@ -40,6 +40,10 @@ struct WanWeights {
   std::string text_encoder;  // umT5: text_encoder folder, pipeline root or weight file
   std::string tokenizer;     // spiece.model or its folder; "" = beside text_encoder
   std::string vae;           // Wan 2.1 VAE: .safetensors (either layout) or folder (vae/vae_layout.h)
+  // Image-to-video: the CLIP image encoder (a transformers CLIPVisionModel folder or file) and its
+  // preprocessor_config.json (or the folder of one); "" where the model takes no image features.
+  std::string image_encoder;
+  std::string image_processor;
   // Fills whatever is empty from `root` (a diffusers pipeline or an official release folder; ""
   // = none). Throws vidit::Error naming the part it cannot find and the flag or key that gives it.
   void fill_from(const std::string& root);
@@ -53,6 +57,17 @@ struct VideoRequest {
   int64_t frames = 81;          // 1 + 4k
   int64_t width = 832, height = 480;  // multiples of 16 (VAE 8 x patch 2)
   uint64_t seed = 1;
+  // Image-to-video (model.condition): the first frame's picture file, and for first-and-last-frame
+  // the last one's; "" = none. Each is resized to width x height for the VAE.
+  std::string image, last_image;
+};
+
+// What an image-to-video model is conditioned on besides the text (pipeline/image_condition.h
+// makes it from a request's pictures).
+struct ImageCondition {
+  at::Tensor frames;  // [1, 4 + C, T', h, w]: the given frames' mask and latent (diffusion/frame_condition.h)
+  at::Tensor image;   // [1, tokens, model.image_dim]: CLIP features (undefined where image_dim = 0)
+  bool defined() const { return frames.defined(); }
 };
 
 struct PhaseReport {
@@ -71,7 +86,7 @@ struct VideoResult {
 // value and the nearest valid ones.
 void check_video_request(const VideoRequest& r, const ModelConfig& m);
 
-// Latent shape [1, C, 1 + (F-1)/4, H/8, W/8] of a request.
+// Latent shape [1, C, 1 + (F-1)/4, H/8, W/8] of a request (C: the channels denoised, out_channels).
 std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m);
 
 // Runs the three phases on `device` with the config's sample.* (solver, steps, shift, cfg_scale)
@@ -91,10 +106,13 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
 // mapped from a file; `source` names them in errors), on this rank's share of the ranks as above,
 // from `noise` [1, C, T', h, w] with the prompt's `context` and the `negative` one, each
 // [1, text_len, text_dim]; returns the latents on `device`. What generate_video runs between
-// the text and the decode, and what bench/bench_sample_ranks.cpp times.
+// the text and the decode, and what bench/bench_sample_ranks.cpp times. An image-to-video model
+// (model.condition) needs `condition`: its frames are appended to the noisy latent at every step,
+// and its image features attended by both guidance branches (only the text differs between them).
 at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std::string& source, const at::Tensor& context,
                            const at::Tensor& negative, const at::Tensor& noise, at::Device device,
-                           const SamplingRanks* ranks = nullptr, bool verbose = false);
+                           const SamplingRanks* ranks = nullptr, bool verbose = false,
+                           const ImageCondition& condition = {});
 
 // Writes result.frames to `path` as an H.264 MP4 at `fps`.
 void write_video(const std::string& path, const at::Tensor& frames, double fps);

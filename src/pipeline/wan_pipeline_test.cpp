@@ -19,6 +19,7 @@
 #include "../../tests/test_util.h"
 #include "pipeline/pipeline_test_util.h"
 #include "vae/wan_vae.h"
+#include "vision/vision_test_util.h"
 
 namespace vidit {
 namespace {
@@ -97,6 +98,63 @@ TEST(WanPipeline, SeedDecidesTheVideoAndGuidanceSeesTheNegativePrompt) {
   req.negative_prompt = "", req.seed = 12;
   const VideoResult d = generate_video(cfg, w, req, at::kCPU, {}, false);
   EXPECT_FALSE(at::allclose(a.latents, d.latents)) << "the seed changed nothing";
+}
+
+// Image-to-video from a release folder: the tiny release with a 36-channel transformer that
+// attends to the small CLIP encoder's features (its image_encoder/ and image_processor/, from
+// tests/reference/clip_vision_reference.py); `vidit sample --image` writes the asked video, and
+// the mistakes a user makes are named.
+TEST(WanPipeline, SampleFromAPictureWithAnImageToVideoRelease) {
+  VIDIT_UMT5_REFERENCE(ref);
+  const auto& clip_ref = vision::test::clip_vision_reference();  // (its macro's name is taken by umT5's)
+  if (!clip_ref.skip.empty()) GTEST_SKIP() << clip_ref.skip;
+  ASSERT_TRUE(clip_ref.error.empty()) << clip_ref.error;
+  const std::string clip = clip_ref.dir;
+  test::ScratchDir dir("wan_pipeline_i2v");
+  const std::string t2v = make_release(dir, ref);
+  const std::string root = dir / "i2v";
+  fs::create_directories(root);
+  for (const char* part : {"text_encoder", "tokenizer"})
+    fs::create_directory_symlink(fs::read_symlink(t2v + "/" + part), root + "/" + part);
+  fs::create_directory_symlink(fs::absolute(t2v + "/vae"), root + "/vae");
+  fs::create_directory_symlink(clip + "/pipe/image_encoder", root + "/image_encoder");
+  // The small encoder takes 32-pixel pictures: its processor crops to that.
+  fs::create_directories(root + "/image_processor");
+  std::ofstream(root + "/image_processor/preprocessor_config.json")
+      << R"({"crop_size": {"height": 32, "width": 32}, "size": {"shortest_edge": 32}, "resample": 3})";
+  ModelConfig m = tiny_wan();
+  m.in_channels = 36, m.image_dim = 64, m.condition = FrameCondition::first_frame;
+  torch::manual_seed(5);
+  DiT model(m);
+  for (auto& p : model->parameters()) p.data().normal_(0, 0.05);
+  write_diffusers_transformer(state_dict(*model), m, root + "/transformer");
+  std::ofstream(root + "/model_index.json") << R"({"_class_name": "WanImageToVideoPipeline"})";
+  auto pic = test::run_process("ffmpeg -v error -y -f lavfi -i testsrc2=size=64x48 -frames:v 1 " + (dir / "first.png"));
+  ASSERT_EQ(pic.status, 0) << pic.output;
+
+  const std::string base = std::string(VIDIT_BINARY) + " sample -p 'a cat' --frames 5 --size 48x32 --set sample.steps=2"
+                           " --set train.device=\\\"cpu\\\" ";
+  const std::string mp4 = dir / "out/cat.mp4";
+  auto r = test::run_process(base + "--weights " + root + " --image " + (dir / "first.png") + " -o " + mp4 + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("image condition encoded"), std::string::npos) << r.output;
+  const Probe p = ffprobe(mp4);
+  EXPECT_EQ(p.width, 48);
+  EXPECT_EQ(p.height, 32);
+  EXPECT_EQ(p.frames, 5);
+
+  // Mistakes, each named: no picture for an I2V model; a picture for a T2V one; a file that is
+  // not a picture.
+  r = test::run_process(base + "--weights " + root + " -o " + mp4 + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("give the first frame with --image FILE"), std::string::npos) << r.output;
+  r = test::run_process(base + "--weights " + t2v + " --image " + (dir / "first.png") + " -o " + mp4 + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("is a text-to-video model"), std::string::npos) << r.output;
+  std::ofstream(dir / "broken.png") << "not a picture";
+  r = test::run_process(base + "--weights " + root + " --image " + (dir / "broken.png") + " -o " + mp4 + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find(dir / "broken.png"), std::string::npos) << r.output;
 }
 
 TEST(WanPipeline, BadRequestsAndMissingPartsAreNamed) {

@@ -4,15 +4,50 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "core/error.h"
 #include "prepare/caption_embedder.h"
 #include "prepare/demo_codec.h"
+#include "diffusion/frame_condition.h"
 #include "vae/wan_vae.h"
+#include "vision/clip_vision.h"
+#include "vision/image_input.h"
 
 namespace vidit {
 
 namespace {
+
+// Where data.encode_device puts the encoders.
+at::Device encode_device(const Config& cfg) {
+  const bool has_cuda = torch::cuda::is_available();
+  VIDIT_CHECK(cfg.data.encode_device != DeviceChoice::cuda || has_cuda, cfg.source, ": data.encode_device = \"cuda\" but no CUDA "
+              "device is visible to this build; use \"auto\" or \"cpu\"");
+  return cfg.data.encode_device == DeviceChoice::cpu || !has_cuda ? at::Device(at::kCPU) : at::Device(at::kCUDA);
+}
+
+// The Wan VAE of data.vae_weights, loaded once for the clips' latents and their condition
+// latents (of the shape its diffusers config states, else Wan 2.1's).
+std::shared_ptr<WanVAE> shared_vae(const Config& cfg) {
+  VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"wan_vae\" needs data.vae_weights "
+              "(the Wan 2.1 VAE as .safetensors)");
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<WanVAE>> loaded;
+  const at::Device device = encode_device(cfg);
+  const std::string key = cfg.data.vae_weights + "@" + device.str();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto vae = loaded[key].lock()) return vae;
+  auto vae = std::make_shared<WanVAE>(open_wan_vae(cfg.data.vae_weights, at::TensorOptions().device(device)));
+  loaded[key] = vae;
+  return vae;
+}
+
+// uint8 frames [T, H, W, 3] -> the VAE's pixels [1, 3, T, H, W] in [-1, 1].
+at::Tensor vae_pixels(const at::Tensor& frames, at::Device device) {
+  return frames.to(device).permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
+}
 
 // The encoder data.codec names.
 FrameEncoder codec_encoder(const Config& cfg) {
@@ -23,19 +58,11 @@ FrameEncoder codec_encoder(const Config& cfg) {
       return std::make_pair(mean, at::zeros_like(mean));  // lossless: no spread
     };
   }
-  VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"wan_vae\" needs data.vae_weights "
-              "(the Wan 2.1 VAE as .safetensors)");
-  const bool has_cuda = torch::cuda::is_available();
-  VIDIT_CHECK(cfg.data.encode_device != DeviceChoice::cuda || has_cuda, cfg.source, ": data.encode_device = \"cuda\" but no CUDA "
-              "device is visible to this build; use \"auto\" or \"cpu\"");
-  const at::Device device = cfg.data.encode_device == DeviceChoice::cpu || !has_cuda ? at::Device(at::kCPU) : at::Device(at::kCUDA);
-  auto vae = std::make_shared<WanVAE>(WanVAEConfig{});
-  load_wan_vae(**vae, cfg.data.vae_weights);
-  (*vae)->eval();
-  (*vae)->to(device);
+  const at::Device device = encode_device(cfg);
+  auto vae = shared_vae(cfg);
   return [vae, device](const at::Tensor& frames, const ClipRef&) {
     at::NoGradGuard no_grad;
-    at::Tensor video = frames.to(device).permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
+    at::Tensor video = vae_pixels(frames, device);
     VaeRunOptions opt;
     opt.tiling.enabled = video.size(3) > opt.tiling.tile || video.size(4) > opt.tiling.tile;
     VaeMoments m = (*vae)->encode(video, opt);
@@ -64,6 +91,57 @@ FrameEncoder with_cache_faults(FrameEncoder base, const FaultConfig& faults) {
 }
 
 FrameEncoder make_frame_encoder(const Config& cfg) { return with_cache_faults(codec_encoder(cfg), cfg.faults); }
+
+// The CLIP image processor beside an encoder folder: its own preprocessor_config.json, a
+// pipeline root's image_processor/, or one beside the image_encoder/ folder; CLIP's defaults
+// (Wan's: 224 pixels, bicubic, OpenAI's mean and std) where there is none.
+vision::ClipImageConfig image_processor_for(const std::string& encoder) {
+  namespace fs = std::filesystem;
+  const fs::path p(encoder);
+  for (const fs::path& c : {p / "preprocessor_config.json", p / "image_processor", p.parent_path() / "image_processor"})
+    if (fs::exists(c)) return vision::ClipImageConfig::load(c.string());
+  return {};
+}
+
+ConditionEncoder make_condition_encoder(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  if (m.condition == FrameCondition::none) return {};
+  const std::string kind = name_of(m.condition);
+  VIDIT_CHECK(cfg.data.codec == Codec::wan_vae, cfg.source, ": model.condition = \"", kind, "\" needs data.codec = "
+              "\"wan_vae\": the condition frames are encoded by the Wan VAE, whose 4-frame stride the mask follows");
+  VIDIT_CHECK(m.image_dim == 0 || !cfg.data.image_encoder.empty(), cfg.source, ": model.image_dim = ", m.image_dim,
+              ": the model attends to CLIP image features; set data.image_encoder to its CLIP image encoder (a "
+              "transformers CLIPVisionModel folder, or a diffusers pipeline root with image_encoder/)");
+  const at::Device device = encode_device(cfg);
+  auto vae = shared_vae(cfg);
+  std::shared_ptr<const vision::ClipVisionEncoder> clip;
+  vision::ClipImageConfig processor;
+  if (m.image_dim > 0) {
+    clip = std::make_shared<const vision::ClipVisionEncoder>(
+        vision::ClipVisionEncoder::load(cfg.data.image_encoder, at::kFloat, device));
+    VIDIT_CHECK(clip->config().hidden_size == m.image_dim, cfg.source, ": data.image_encoder '", cfg.data.image_encoder,
+                "' makes ", clip->config().hidden_size, "-wide features but model.image_dim = ", m.image_dim);
+    processor = image_processor_for(cfg.data.image_encoder);
+  }
+  const bool last = m.condition == FrameCondition::first_last_frame;
+  return [vae, clip, processor, device, last](const at::Tensor& frames, const ClipRef&) {
+    at::NoGradGuard no_grad;
+    const int64_t t = frames.size(0);
+    const at::Tensor pixels = vae_pixels(frames, device)[0];  // [3, T, H, W]
+    const at::Tensor video = condition_video(pixels.select(1, 0), last ? pixels.select(1, t - 1) : at::Tensor(), t);
+    VaeRunOptions opt;
+    opt.tiling.enabled = video.size(3) > opt.tiling.tile || video.size(4) > opt.tiling.tile;
+    ClipCondition out;
+    out.latent = (*vae)->encode_latents(video, opt)[0].cpu();
+    if (clip) {
+      std::vector<at::Tensor> pictures{frames[0].contiguous()};
+      if (last) pictures.push_back(frames[t - 1].contiguous());
+      const at::Tensor features = clip->penultimate(vision::clip_pixel_values(pictures, processor).to(device));
+      out.image = features.reshape({-1, features.size(2)}).cpu();  // the pictures' tokens one after the other
+    }
+    return out;
+  };
+}
 
 CaptionEncoder make_caption_encoder(const Config& cfg) {
   if (cfg.data.text_encoder != TextEncoder::demo) return {};

@@ -18,6 +18,12 @@ FrameEncoder make_frame_encoder(const Config& cfg);
 // itself is bad), in every attempt, saying so on stderr. Otherwise `base` itself.
 FrameEncoder with_cache_faults(FrameEncoder base, const FaultConfig& faults);
 
+// Image-to-video (model.condition != "none"): the condition video of a clip's first frame (and
+// last, for first_last_frame) through the same Wan VAE, and with model.image_dim > 0 the frames'
+// CLIP features (data.image_encoder). Empty for text-to-video. Throws vidit::Error naming the key
+// that is missing (the Wan VAE codec, data.image_encoder).
+ConditionEncoder make_condition_encoder(const Config& cfg);
+
 // Empty for "precomputed".
 CaptionEncoder make_caption_encoder(const Config& cfg);
 

@@ -129,8 +129,11 @@ namespace {
 class CachePreparer {
  public:
   CachePreparer(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions, int worker, int workers,
-                const Progress::Options* progress)
-      : cfg_(cfg), d_(cfg.data), encode_(encode), captions_(captions), worker_(worker), workers_(workers), prov_(cfg) {
+                const Progress::Options* progress, const ConditionEncoder& condition)
+      : cfg_(cfg), d_(cfg.data), encode_(encode), captions_(captions), condition_(condition), worker_(worker),
+        workers_(workers), prov_(cfg) {
+    VIDIT_CHECK(cfg.model.condition == FrameCondition::none || condition, "vidit prepare: model.condition = \"",
+                name_of(cfg.model.condition), "\" but no condition encoder was given");
     VIDIT_CHECK(!d_.manifest.empty(), cfg.source, ": vidit prepare needs data.manifest (a .jsonl / .csv file or a folder)");
     VIDIT_CHECK(!d_.cache_dir.empty(), cfg.source, ": vidit prepare needs data.cache_dir (where the cache goes)");
     VIDIT_CHECK(workers >= 1 && worker >= 0 && worker < workers, "vidit prepare: worker ", worker, " of ", workers,
@@ -500,7 +503,12 @@ class CachePreparer {
     const Bucket& b = buckets_[size_t(choice.index)];
     s.bucket = b.name();
     stage = "encode";
-    std::tie(s.mean, s.std) = encode_(fit_to_bucket(frames, b), ClipRef{s.key, e.path});
+    const at::Tensor fit = fit_to_bucket(frames, b);
+    std::tie(s.mean, s.std) = encode_(fit, ClipRef{s.key, e.path});
+    if (condition_) {  // image-to-video: the condition latent and CLIP features of the same frames
+      ClipCondition c = condition_(fit, ClipRef{s.key, e.path});
+      s.cond = std::move(c.latent), s.image = std::move(c.image);
+    }
     s.meta["fps"] = fps;
     s.meta["frames"] = b.frames;
     stage = "write";
@@ -560,6 +568,7 @@ class CachePreparer {
   const DataConfig& d_;
   const FrameEncoder& encode_;
   const CaptionEncoder& captions_;
+  const ConditionEncoder& condition_;
   const int worker_, workers_;
   Provenance prov_;
   std::map<std::string, std::string> by_identity_;  // recorded path|start|end -> key (moved data sets)
@@ -583,8 +592,9 @@ class CachePreparer {
 }  // namespace
 
 PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions,
-                            int worker, int workers, const Progress::Options* progress) {
-  return CachePreparer(cfg, encode, captions, worker, workers, progress).run();
+                            int worker, int workers, const Progress::Options* progress,
+                            const ConditionEncoder& condition) {
+  return CachePreparer(cfg, encode, captions, worker, workers, progress, condition).run();
 }
 
 StaleReport stale_entries(const Config& cfg, const std::vector<CacheIndexEntry>& entries) {

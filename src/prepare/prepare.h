@@ -51,6 +51,13 @@ struct ClipRef {
 };
 // RGB frames [T, H, W, 3] uint8 of `clip` -> (mean, std), each [C, T', H', W'].
 using FrameEncoder = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& frames, const ClipRef& clip)>;
+// Image-to-video (model.condition): the frames of `clip` as encoded (fit to its bucket) -> the
+// condition video's latent [C, T', H', W'] (its given frames, zeros between, through the frame
+// encoder) and, where the model attends to them, the given frames' CLIP features [tokens, D].
+struct ClipCondition {
+  at::Tensor latent, image;
+};
+using ConditionEncoder = std::function<ClipCondition(const at::Tensor& frames, const ClipRef& clip)>;
 // caption -> [Lt, D] text embedding.
 using CaptionEncoder = std::function<at::Tensor(const std::string& caption)>;
 
@@ -75,8 +82,10 @@ struct PrepareReport {
 
 // `captions` may be empty when data.text_encoder = "precomputed". `progress`: where and how to
 // show progress (its label, unit and total are set here); nullptr shows none.
+// `condition`: image-to-video's, or empty for text-to-video (make_condition_encoder gives it).
 PrepareReport prepare_cache(const Config& cfg, const FrameEncoder& encode, const CaptionEncoder& captions,
-                            int worker = 0, int workers = 1, const Progress::Options* progress = nullptr);
+                            int worker = 0, int workers = 1, const Progress::Options* progress = nullptr,
+                            const ConditionEncoder& condition = {});
 
 // The reports of workers 0..workers-1 that finished (done/w{W}), summed; seconds is the longest.
 // Throws vidit::Error naming a report that cannot be read.

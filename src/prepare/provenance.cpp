@@ -93,6 +93,12 @@ Provenance::Provenance(const Config& cfg) : cfg_(cfg) {
              {"buckets.max_upscale", b.max_upscale}};
   if (d.codec == Codec::demo) encode_["demo.codec_block"] = cfg.demo.codec_block;
   else encode_["data.vae_weights"] = weights_identity(d.vae_weights);
+  // Image-to-video: what the clips are conditioned on, and the CLIP encoder of their features
+  // (recorded only then, so a text-to-video cache's record is what it always was).
+  if (cfg.model.condition != FrameCondition::none) {
+    encode_["model.condition"] = name_of(cfg.model.condition);
+    if (cfg.model.image_dim > 0) encode_["data.image_encoder"] = weights_identity(d.image_encoder);
+  }
   text_encoder_ = text_encoder_identity(cfg);
 }
 

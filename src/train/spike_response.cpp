@@ -39,7 +39,7 @@ std::vector<double> Trainer::rerun(const std::vector<Replay>& replay) {
     at::NoGradGuard ng;
     for (const Replay& r : replay) {
       AutocastGuard autocast(cfg_.train.precision, device_.type());
-      const at::Tensor pred = pm_->model()->forward(r.x_t, r.timestep, r.text);
+      const at::Tensor pred = pm_->model()->forward(r.x_t, r.timestep, r.text, r.image);
       for (double x : sample_losses(pred, r.target, r.samples)) out.push_back(x);
     }
   }

@@ -11,6 +11,7 @@
 #include "core/gpu_events.h"
 #include "core/trace.h"
 #include "diffusion/flow_matching.h"
+#include "diffusion/frame_condition.h"
 #include "model/fp8.h"
 #include "core/precision.h"
 #include "train/schedule.h"
@@ -77,27 +78,31 @@ StepResult Trainer::step() {
       tokens += B * (x0.size(2) / cfg_.model.patch[0]) * (x0.size(3) / cfg_.model.patch[1]) *
                 (x0.size(4) / cfg_.model.patch[2]);
       flops += double(B) * sample_flops(x0);
-      last_batch_ = {x0, at::Tensor(), text, 0, 0, {}};  // the stand-in of a later idle step
+      last_batch_ = {x0, at::Tensor(), text, 0, 0, {}, mb.condition, mb.image};  // the stand-in of a later idle step
     } else {
       // A rank without samples while others have some computes a stand-in with weight 0, so
       // its collectives match theirs. (Its draws above were of the global batch, or of none.)
       MicroBatch idle = stand_in();
-      x0 = idle.latents, text = idle.texts;
+      x0 = idle.latents, text = idle.texts, mb.condition = idle.condition, mb.image = idle.image;
       noise = at::zeros_like(x0), sigma = at::full({x0.size(0)}, 0.5);
     }
     // Pinned host batches (the cache loader on a GPU machine) copy asynchronously.
     auto dev = [&](const at::Tensor& t) { return t.to(device_, t.scalar_type(), /*non_blocking=*/t.is_pinned()); };
     FlowSample fs = make_flow_sample(dev(x0), dev(noise), dev(sigma));
+    // Image-to-video: the given frames' mask and latent beside the noisy latent, and their CLIP
+    // features beside the text (diffusion/frame_condition.h); x_t alone for text-to-video.
+    const at::Tensor x_in = with_frame_condition(fs.x_t, mb.condition.defined() ? dev(mb.condition) : at::Tensor());
+    const at::Tensor image = mb.image.defined() ? dev(mb.image).to(at::kFloat) : at::Tensor();
 
     at::Tensor pred;
     {
       trace::Span span("forward", "step");
       AutocastGuard autocast(tc.precision, device_.type());
-      pred = pm_->model()->forward(fs.x_t, fs.timestep, dev(text));
+      pred = pm_->model()->forward(x_in, fs.timestep, dev(text), image);
     }
     at::Tensor loss = flow_loss(pred, fs.target);
     const at::Tensor sample_mean = loss.detach();  // the batch's mean loss, read after backward
-    if (tap_) tap_->micro_batch(step_ + 1, micro, fs.x_t, fs.timestep, dev(text), fs.target, sample_mean);
+    if (tap_) tap_->micro_batch(step_ + 1, micro, x_in, fs.timestep, dev(text), fs.target, sample_mean);
     if (tc.spike_action != SpikeAction::off) {
       const std::vector<double> own = sample_losses(pred, fs.target, B);
       const at::Tensor sig = sigma.to(at::kDouble).cpu().contiguous();
@@ -105,7 +110,7 @@ StepResult Trainer::step() {
         mine.loss.push_back(own[size_t(i)]), mine.sigma.push_back(sig.data_ptr<double>()[i]);
         mine.ids.push_back(size_t(i) < mb.ids.size() ? mb.ids[size_t(i)] : "null");
       }
-      if (tc.spike_rerun) replay.push_back({fs.x_t, fs.timestep, dev(text), fs.target, B});
+      if (tc.spike_rerun) replay.push_back({x_in, fs.timestep, dev(text), fs.target, image, B});
     }
     if (share != 1) loss = loss * share;
     loss = loss / double(tc.grad_accum);

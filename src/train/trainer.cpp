@@ -475,8 +475,14 @@ double Trainer::batch_share(const MicroBatch& mb) const {
 MicroBatch Trainer::stand_in() const {
   if (last_batch_.latents.defined()) return last_batch_;
   const auto& d = cfg_.data;
-  return {at::zeros({1, cfg_.model.in_channels, d.latent_frames, d.latent_height, d.latent_width}), at::Tensor(),
-          null_text_.unsqueeze(0).to(at::kFloat), 0, 0, {}};
+  const auto& m = cfg_.model;
+  MicroBatch b{at::zeros({1, m.out_channels, d.latent_frames, d.latent_height, d.latent_width}), at::Tensor(),
+               null_text_.unsqueeze(0).to(at::kFloat), 0, 0, {}};
+  if (m.condition != FrameCondition::none)
+    b.condition = at::zeros({1, m.in_channels - m.out_channels, d.latent_frames, d.latent_height, d.latent_width});
+  if (m.condition != FrameCondition::none && m.image_dim > 0)
+    b.image = at::zeros({1, m.image_pos_tokens > 0 ? m.image_pos_tokens : 1, m.image_dim});
+  return b;
 }
 
 // Rank 0's TensorBoard file (train.tensorboard): a new file each attempt. A resumed run writes only

@@ -226,7 +226,8 @@ class Trainer : private CheckpointedRun {
   // What a re-run of the step's forward passes needs (train.spike_rerun): each micro-batch's
   // inputs and target as the model saw them, and how many of its rows are real samples.
   struct Replay {
-    at::Tensor x_t, timestep, text, target;
+    at::Tensor x_t, timestep, text, target;  // x_t: the model's input (with an image-to-video condition)
+    at::Tensor image;                        // CLIP features, or undefined
     int64_t samples = 0;
   };
   SpikeDetector spikes_;

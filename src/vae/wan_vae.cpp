@@ -223,4 +223,12 @@ void load_wan_vae(WanVAEImpl& vae, const std::string& path) {
   load_wan_vae(vae, load_safetensors(files.weights), files.weights);
 }
 
+WanVAE open_wan_vae(const std::string& path, const at::TensorOptions& options) {
+  const VaeFiles files = find_vae_files(path);
+  WanVAE vae(files.config.empty() ? WanVAEConfig{} : vae_config_from_diffusers(files.config), options);
+  load_wan_vae(*vae, load_safetensors(files.weights), files.weights);
+  vae->eval();
+  return vae;
+}
+
 }  // namespace vidit

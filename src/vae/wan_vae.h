@@ -156,5 +156,8 @@ void load_wan_vae(WanVAEImpl& vae, const TensorMap& tensors, const std::string& 
 // diffusers' names), a diffusers vae/ folder or a diffusers pipeline folder (find_vae_files). A
 // diffusers config.json is first checked against vae.cfg (shapes and latent statistics).
 void load_wan_vae(WanVAEImpl& vae, const std::string& path);
+// A VAE built for `path` and loaded from it: of the shape its diffusers config.json states
+// (find_vae_files), else Wan 2.1's, on `options`' device, in eval mode.
+WanVAE open_wan_vae(const std::string& path, const at::TensorOptions& options = {});
 
 }  // namespace vidit

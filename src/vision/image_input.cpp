@@ -33,6 +33,31 @@ double triangle_kernel(double x) {
   x = std::fabs(x);
   return x < 1.0 ? 1.0 - x : 0.0;
 }
+// PIL's LANCZOS: sinc(x) sinc(x / 3) on [-3, 3) (support 3; the window is half-open as PIL's is).
+// What diffusers' VideoProcessor resizes a pipeline's image with before the VAE.
+double sinc(double x) {
+  if (x == 0.0) return 1.0;
+  x *= M_PI;
+  return std::sin(x) / x;
+}
+double lanczos_kernel(double x) { return -3.0 <= x && x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0; }
+
+double kernel_support(Resample filter) {
+  switch (filter) {
+    case Resample::lanczos: return 3.0;
+    case Resample::bicubic: return 2.0;
+    case Resample::bilinear: return 1.0;
+  }
+  return 1.0;
+}
+double kernel(Resample filter, double x) {
+  switch (filter) {
+    case Resample::lanczos: return lanczos_kernel(x);
+    case Resample::bicubic: return cubic_kernel(x);
+    case Resample::bilinear: return triangle_kernel(x);
+  }
+  return 0.0;
+}
 
 // Bits after the binary point of the fixed-point weights: 32 - 8 (a pixel) - 2 (headroom).
 constexpr int kWeightBits = 22;
@@ -50,10 +75,9 @@ struct Taps {
 // (so that every input sample counts: antialiasing), cut to the input, normalised to sum 1 and
 // rounded to fixed point (half away from zero).
 Taps make_taps(int64_t in, int64_t out, Resample filter) {
-  const bool cubic = filter == Resample::bicubic;
   const double scale = static_cast<double>(in) / static_cast<double>(out);
   const double stretch = std::max(scale, 1.0);
-  const double support = (cubic ? 2.0 : 1.0) * stretch;
+  const double support = kernel_support(filter) * stretch;
   const double inv_stretch = 1.0 / stretch;
   Taps t;
   t.width = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
@@ -70,7 +94,7 @@ Taps make_taps(int64_t in, int64_t out, Resample filter) {
     double sum = 0;
     for (int64_t j = 0; j < n; ++j) {
       const double x = (static_cast<double>(j + lo) - center + 0.5) * inv_stretch;
-      w[j] = cubic ? cubic_kernel(x) : triangle_kernel(x);
+      w[j] = kernel(filter, x);
       sum += w[j];
     }
     for (int64_t j = 0; j < n; ++j) {
@@ -191,8 +215,8 @@ ClipImageConfig ClipImageConfig::from_json_file(const std::string& path) {
   if (j.contains("resample") && !j["resample"].is_null()) {
     const auto& r = j["resample"];
     const int64_t v = r.is_number_integer() ? r.get<int64_t>() : -1;
-    VIDIT_CHECK(v == 2 || v == 3, "CLIP image processor config '", path, "': resample ", r.dump(), " is not "
-                "supported (2: PIL's BILINEAR or 3: BICUBIC, CLIP's)");
+    VIDIT_CHECK(v == 1 || v == 2 || v == 3, "CLIP image processor config '", path, "': resample ", r.dump(),
+                " is not supported (1: PIL's LANCZOS, 2: BILINEAR or 3: BICUBIC, CLIP's)");
     c.resample = static_cast<Resample>(v);
   }
   if (j.contains("rescale_factor") && !j["rescale_factor"].is_null()) {

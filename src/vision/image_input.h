@@ -32,7 +32,7 @@
 namespace vidit::vision {
 
 // PIL's resampling filters this file implements, by PIL's numbers (the `resample` field).
-enum class Resample { bilinear = 2, bicubic = 3 };
+enum class Resample { lanczos = 1, bilinear = 2, bicubic = 3 };
 
 // A CLIPImageProcessor's settings: the fields of its preprocessor_config.json, and transformers'
 // CLIP defaults for those a file leaves out.

@@ -1,0 +1,48 @@
+#include "diffusion/frame_condition.h"
+
+#include "core/error.h"
+
+namespace vidit {
+
+at::Tensor frame_condition_mask(int64_t frames, int64_t height, int64_t width, bool last) {
+  VIDIT_CHECK(frames >= 1 && (frames - 1) % 4 == 0, "frame condition: ", frames,
+              " frames is not 1 + 4k (the VAE codes frame 0 alone, then groups of 4)");
+  VIDIT_CHECK(!last || frames > 1, "frame condition: a clip of one frame has no separate last frame");
+  const int64_t latent_frames = (frames - 1) / 4 + 1;
+  at::Tensor mask = at::zeros({1, 4, latent_frames, height, width}, at::kFloat);
+  mask.select(2, 0).fill_(1);  // frame 0, repeated over the 4 channels of latent frame 0
+  // m[f] for f >= 1 sits in latent frame (f + 3) / 4, channel (f + 3) % 4.
+  if (last) mask.select(2, latent_frames - 1).select(1, 3).fill_(1);
+  return mask;
+}
+
+at::Tensor condition_video(const at::Tensor& first, const at::Tensor& last, int64_t frames) {
+  VIDIT_CHECK(first.dim() == 3 && first.size(0) == 3, "frame condition: the first image must be [3, H, W], got ",
+              first.sizes());
+  VIDIT_CHECK(!last.defined() || last.sizes() == first.sizes(), "frame condition: the last image is ", last.sizes(),
+              " but the first is ", first.sizes(), "; both must be resized to the video's size");
+  VIDIT_CHECK(frames >= 1 && (frames - 1) % 4 == 0, "frame condition: ", frames, " frames is not 1 + 4k");
+  at::Tensor video = at::zeros({1, 3, frames, first.size(1), first.size(2)}, first.options());
+  video[0].select(1, 0).copy_(first);
+  if (last.defined()) video[0].select(1, frames - 1).copy_(last);
+  return video;
+}
+
+at::Tensor frame_condition(const at::Tensor& mask, const at::Tensor& latent) {
+  VIDIT_CHECK(latent.dim() == 5 && mask.dim() == 5 && mask.size(1) == 4 && mask.sizes().slice(2) == latent.sizes().slice(2),
+              "frame condition: the mask ", mask.sizes(), " does not match the condition latent ", latent.sizes());
+  return at::cat({mask.to(latent.options()).expand({latent.size(0), 4, latent.size(2), latent.size(3), latent.size(4)}),
+                  latent},
+                 1);
+}
+
+at::Tensor with_frame_condition(const at::Tensor& noisy, const at::Tensor& condition) {
+  if (!condition.defined()) return noisy;
+  VIDIT_CHECK(condition.dim() == 5 && condition.sizes().slice(2) == noisy.sizes().slice(2) &&
+                  (condition.size(0) == 1 || condition.size(0) == noisy.size(0)),
+              "frame condition ", condition.sizes(), " does not match the latent ", noisy.sizes());
+  const at::Tensor c = condition.to(noisy.options());
+  return at::cat({noisy, c.size(0) == noisy.size(0) ? c : c.expand({noisy.size(0), -1, -1, -1, -1})}, 1);
+}
+
+}  // namespace vidit

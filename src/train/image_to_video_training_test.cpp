@@ -1,0 +1,106 @@
+// Image-to-video training end to end, as a user runs it: `vidit prepare` on real videos (made by
+// the ffmpeg CLI) stores each clip's condition latent and CLIP features beside its latents, and
+// `vidit train` fine-tunes an image-to-video release (diffusers' layout, 36 input channels) on
+// them, saves and resumes. The parts are the small random ones of
+// tests/reference/diffusers_i2v_reference.py (a Wan VAE at base width 8, a CLIP image encoder, the
+// transformer). A text-to-video cache given to an image-to-video run is refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "../../tests/mpi_test_util.h"
+#include "../../tests/test_util.h"
+#include "loader/latent_cache.h"
+#include "video/video_test_util.h"
+
+namespace vidit {
+namespace {
+namespace fs = std::filesystem;
+
+std::string i2v_config(const std::string& dir, const std::string& ref, const std::string& cache, bool i2v) {
+  std::ostringstream c;
+  c << "[model]\ndim = 32\nheads = 2\nlayers = 2\nffn_dim = 64\nfreq_dim = 32\npatch = [1, 2, 2]\ntext_dim = 32\n"
+    << "text_len = 512\neps = 1e-6\nrope_theta = 10000.0\nout_channels = 16\n";
+  if (i2v) c << "in_channels = 36\nimage_dim = 48\ncondition = \"first_frame\"\n";
+  else c << "in_channels = 16\n";
+  c << "[data]\nsource = \"cache\"\nmanifest = \"" << dir << "/manifest.jsonl\"\ncache_dir = \"" << cache << "\"\n"
+    << "codec = \"wan_vae\"\nvae_weights = \"" << ref << "/vae\"\nimage_encoder = \"" << ref << "/image_encoder\"\n"
+    << "cache_dtype = \"fp32\"\ndecode_threads = 1\nloader_threads = 1\ndecoder = \"cpu\"\n"
+    << "[buckets]\nresolutions = [32]\naspect_ratios = [1.5]\nframes = [9]\nframe_stride = 1\nmultiple = 16\n"
+    << "[train]\nbatch_size = 2\nsteps = 4\nthreads = 1\nlog_every = 1\nlr = 1e-4\nwarmup_steps = 0\ndevice = \"cpu\"\n"
+    << "out_dir = \"" << dir << "/run\"\n" << (i2v ? "init_from = \"" + ref + "/transformer\"\n" : "")
+    << "[checkpoint]\nevery = 2\n"
+    << "[sample]\nevery = " << (i2v ? 4 : 0) << "\nsteps = 2\ncount = 1\n";
+  const std::string path = dir + (i2v ? "/i2v.toml" : "/t2v.toml");
+  std::ofstream(path) << c.str();
+  return path;
+}
+
+TEST(ImageToVideoTraining, PrepareStoresTheConditionAndTrainingResumesFromIt) {
+  SKIP_WITHOUT_DECODING();
+  test::ScratchDir dir("i2v_training");
+  const std::string v = dir / "videos";
+  fs::create_directories(v);
+  std::ofstream manifest(dir / "manifest.jsonl");
+  for (int i = 0; i < 3; ++i) {
+    const std::string f = v + "/clip" + std::to_string(i) + ".mp4";
+    ASSERT_TRUE(video_test::ffmpeg("-f lavfi -i testsrc2=size=48x32:rate=8 -vf hue=h=" + std::to_string(60 * i) +
+                                   " -frames:v 9 -pix_fmt yuv420p -c:v libx264 " + f));
+    manifest << "{\"path\": \"" << f << "\", \"caption\": \"clip " << i << "\"}\n";
+  }
+  manifest.close();
+  const std::string ref = dir / "ref";
+  ASSERT_TRUE(video_test::ffmpeg("-f lavfi -i testsrc2=size=48x32 -frames:v 1 " + (dir / "first.png")));
+  auto made = test::run_process(test::python() + " " + test::reference_script("diffusers_i2v_reference.py") + " " +
+                                ref + " " + (dir / "first.png") + " 2>&1");
+  if (made.status == 3) GTEST_SKIP() << made.output;
+  ASSERT_EQ(made.status, 0) << made.output;
+
+  // Prepare: each clip's condition latent (the first frame, zeros after, through the VAE) and its
+  // first frame's CLIP features are in the cache.
+  const std::string config = i2v_config(dir.path(), ref, dir / "cache", true);
+  auto r = test::run_process(std::string(VIDIT_BINARY) + " prepare --config " + config + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const LatentCache cache(dir / "cache");
+  ASSERT_EQ(cache.size(), 3);
+  for (int64_t i = 0; i < cache.size(); ++i) {
+    const CacheIndexEntry& e = cache.entry(i);
+    EXPECT_TRUE(e.cond) << e.key;
+    EXPECT_EQ(e.image_shape, (std::vector<int64_t>{5, 48})) << e.key;
+    EXPECT_EQ(e.made.at("encode").at("model.condition"), "first_frame");
+    const LatentCache::Loaded s = cache.load(i);
+    ASSERT_EQ(s.cond.sizes(), s.mean.sizes());
+    // The VAE is causal: the condition's first latent frame is the clip's own (the same first
+    // frame); the later ones encode zeros, not the clip.
+    EXPECT_TRUE(at::allclose(s.cond.select(1, 0), s.mean.select(1, 0), 1e-4, 1e-4)) << e.key;
+    EXPECT_GT((s.cond.select(1, 2) - s.mean.select(1, 2)).abs().max().item<double>(), 0.1) << e.key;
+  }
+
+  // Train on it from the image-to-video release, with checkpoints; then resume.
+  r = test::run_process(std::string(VIDIT_BINARY) + " train --config " + config + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step      4/4"), std::string::npos) << r.output;
+  // sample.every: a clip's first frame, from the cache, continued by the model, to MP4.
+  EXPECT_NE(r.output.find("[sample] step 4: 1 video(s)"), std::string::npos) << r.output;
+  r = test::run_process(std::string(VIDIT_BINARY) + " train --config " + config + " --set train.steps=6 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step      6/6"), std::string::npos) << r.output;
+
+  // A cache prepared for text-to-video cannot train an image-to-video model: refused by name
+  // before any step, and the run's checkpoints are left as they were.
+  const std::string t2v = i2v_config(dir.path(), ref, dir / "cache_t2v", false);
+  r = test::run_process(std::string(VIDIT_BINARY) + " prepare --config " + t2v + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = test::run_process(std::string(VIDIT_BINARY) + " train --config " + config + " --set data.cache_dir=\\\"" +
+                        (dir / "cache_t2v") + "\\\" --set train.steps=8 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("has no condition latent"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "run/checkpoints/step_00000006"));
+}
+
+}  // namespace
+}  // namespace vidit

@@ -101,8 +101,10 @@ TEST(ClipImageInput, ConfigFieldsAndErrors) {
     std::ofstream(tmp / "preprocessor_config.json") << text;
     return message_of([&] { ClipImageConfig::load(tmp.path()); });
   };
-  std::string msg = error_for(R"({"resample": 1})");
-  EXPECT_NE(msg.find("resample 1"), std::string::npos) << msg;
+  std::ofstream(tmp / "preprocessor_config.json") << R"({"resample": 1})";  // PIL's LANCZOS
+  EXPECT_EQ(ClipImageConfig::load(tmp.path()).resample, Resample::lanczos);
+  std::string msg = error_for(R"({"resample": 0})");  // NEAREST: not implemented
+  EXPECT_NE(msg.find("resample 0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("preprocessor_config.json"), std::string::npos) << msg;
   msg = error_for(R"({"size": {"longest_edge": 500}})");
   EXPECT_NE(msg.find("longest_edge"), std::string::npos) << msg;

@@ -51,6 +51,7 @@
 #include "text/text_encoder.h"
 #include "pipeline/wan_pipeline.h"
 #include "pipeline/image_condition.h"
+#include "pipeline/pipeline_export.h"
 #include "vision/image_file.h"
 #include "pipeline/sample_memory.h"
 #include "prepare/caption_store.h"
@@ -705,7 +706,7 @@ int cmd_encode_text(const CommonOpts& o, const std::string& encoder, const std::
 // model shape comes from the checkpoint's config. --format lora: a LoRA run's adapters alone, as
 // the one safetensors file diffusers' load_lora_weights and ComfyUI read (model/lora.h).
 int cmd_export(const std::string& format, const std::string& from, const std::string& out, bool use_ema,
-               double shard_gb) {
+               double shard_gb, const std::string& pipeline) {
   // The weights as a stream (train/run_weights.h): written one tensor at a time, so the host
   // never holds the whole model; --format lora reads the adapters alone.
   const CheckpointStream w = open_checkpoint_weights(from, use_ema);
@@ -728,6 +729,18 @@ int cmd_export(const std::string& format, const std::string& from, const std::st
     return 0;
   }
   const uint64_t shard = uint64_t(shard_gb * 1e9);
+  if (!pipeline.empty()) {
+    VIDIT_CHECK(format == "diffusers", "vidit export --pipeline writes diffusers' pipeline layout; drop --format ", format);
+    const PipelineExport p = write_diffusers_pipeline(w.weights, w.config.model, pipeline, out, shard);
+    std::string parts;
+    for (const auto& c : p.components) parts += (parts.empty() ? "" : ", ") + c;
+    std::printf("exported %s (step %lld, %s weights%s) to %s as a %s: transformer/ written, %s from %s "
+                "(%lld files hard-linked, %.3g GB; %lld copied, %.3g GB)\n",
+                w.checkpoint.c_str(), (long long)w.step, which, w.adapters.empty() ? "" : ", LoRA merged onto its base",
+                out.c_str(), p.pipeline_class.c_str(), parts.c_str(), pipeline.c_str(), (long long)p.linked_files,
+                double(p.linked_bytes) / 1e9, (long long)p.copied_files, double(p.copied_bytes) / 1e9);
+    return 0;
+  }
   if (format == "diffusers")
     write_diffusers_transformer(w.weights, w.config.model, out, shard);
   else
@@ -926,6 +939,7 @@ int main(int argc, char** argv) {
   std::string export_format = "diffusers", export_from, export_out;
   bool export_ema = true;
   double export_shard_gb = 10;
+  std::string export_pipeline;
   auto* exp = app.add_subcommand("export", "write a checkpoint's transformer as a folder diffusers "
                                            "(WanTransformer3DModel.from_pretrained) or Wan's code opens");
   exp->add_option("--format", export_format, "diffusers, wan, or lora (a LoRA run's adapters alone, one .safetensors "
@@ -934,6 +948,9 @@ int main(int argc, char** argv) {
   exp->add_option("from", export_from, "a run folder (its newest checkpoint) or a checkpoint folder")->required();
   exp->add_option("out", export_out, "the folder to write (must not exist, or be empty)")->required();
   exp->add_flag("!--raw", export_ema, "export the raw weights instead of the EMA weights");
+  exp->add_option("--pipeline", export_pipeline, "write a whole pipeline folder (WanPipeline / WanImageToVideoPipeline"
+                  ".from_pretrained, vidit sample --weights): the transformer from the checkpoint, every other "
+                  "component hard-linked from this diffusers release");
   exp->add_option("--shard-gb", export_shard_gb, "largest safetensors file, in GB (diffusers' default: 10)")
       ->check(CLI::PositiveNumber);
   auto* demo = app.add_subcommand("demo", "the embedded end-to-end demo: make videos, train, sample, check");
@@ -947,7 +964,7 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return cmd_plan(o, plan_world, gpu_gib, plan_measure, plan_rates, plan_sample, plan_sample_on);
     if (train->parsed()) return cmd_train(o, fresh, max_steps);
     if (sample->parsed()) return cmd_sample(o, sa);
-    if (exp->parsed()) return cmd_export(export_format, export_from, export_out, export_ema, export_shard_gb);
+    if (exp->parsed()) return cmd_export(export_format, export_from, export_out, export_ema, export_shard_gb, export_pipeline);
     if (demo->parsed()) return cmd_demo(o, resume);
     if (verify_ckpt->parsed()) return cmd_verify(ckpt_a);
     if (seal_ckpt->parsed()) {

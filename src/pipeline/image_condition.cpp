@@ -69,7 +69,7 @@ ImageCondition make_image_condition(const Config& cfg, const WanWeights& weights
                 "(model.image_dim = ", m.image_dim, "): give the image encoder with --image-encoder DIR (a "
                 "transformers CLIPVisionModel folder; a diffusers pipeline's image_encoder/)");
     const vision::ClipImageConfig pre = weights.image_processor.empty()
-                                            ? vision::ClipImageConfig{}
+                                            ? vision::ClipImageConfig::beside_encoder(weights.image_encoder)
                                             : vision::ClipImageConfig::load(weights.image_processor);
     std::vector<at::Tensor> pictures{first_rgb};
     if (last_rgb.defined()) pictures.push_back(last_rgb);

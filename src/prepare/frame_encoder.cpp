@@ -92,17 +92,6 @@ FrameEncoder with_cache_faults(FrameEncoder base, const FaultConfig& faults) {
 
 FrameEncoder make_frame_encoder(const Config& cfg) { return with_cache_faults(codec_encoder(cfg), cfg.faults); }
 
-// The CLIP image processor beside an encoder folder: its own preprocessor_config.json, a
-// pipeline root's image_processor/, or one beside the image_encoder/ folder; CLIP's defaults
-// (Wan's: 224 pixels, bicubic, OpenAI's mean and std) where there is none.
-vision::ClipImageConfig image_processor_for(const std::string& encoder) {
-  namespace fs = std::filesystem;
-  const fs::path p(encoder);
-  for (const fs::path& c : {p / "preprocessor_config.json", p / "image_processor", p.parent_path() / "image_processor"})
-    if (fs::exists(c)) return vision::ClipImageConfig::load(c.string());
-  return {};
-}
-
 ConditionEncoder make_condition_encoder(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   if (m.condition == FrameCondition::none) return {};
@@ -121,7 +110,7 @@ ConditionEncoder make_condition_encoder(const Config& cfg) {
         vision::ClipVisionEncoder::load(cfg.data.image_encoder, at::kFloat, device));
     VIDIT_CHECK(clip->config().hidden_size == m.image_dim, cfg.source, ": data.image_encoder '", cfg.data.image_encoder,
                 "' makes ", clip->config().hidden_size, "-wide features but model.image_dim = ", m.image_dim);
-    processor = image_processor_for(cfg.data.image_encoder);
+    processor = vision::ClipImageConfig::beside_encoder(cfg.data.image_encoder);
   }
   const bool last = m.condition == FrameCondition::first_last_frame;
   return [vae, clip, processor, device, last](const at::Tensor& frames, const ClipRef&) {

@@ -18,6 +18,8 @@
 #include "core/config.h"
 #include "loader/cache_loader.h"
 #include "loader/latent_cache.h"
+#include "model/weight_layout.h"
+#include "train/run_weights.h"
 #include "video/video_test_util.h"
 
 namespace vidit {
@@ -112,6 +114,30 @@ TEST(ImageToVideoTraining, PrepareStoresTheConditionAndTrainingResumesFromIt) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from step 4"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step      6/6"), std::string::npos) << r.output;
+
+  // Export as a whole pipeline: the trained transformer, the release's other parts linked;
+  // diffusers' WanImageToVideoPipeline.from_pretrained opens it and samples from a picture.
+  const std::string pipe = dir / "exported";
+  r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + pipe + " --pipeline " + ref + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("as a WanImageToVideoPipeline"), std::string::npos) << r.output;
+  const TensorMap exported = read_transformer_weights(pipe + "/transformer"),
+                  trained = read_checkpoint_weights(dir / "run").weights;
+  ASSERT_EQ(exported.size(), trained.size());
+  for (const auto& [k, v] : trained) EXPECT_TRUE(at::equal(exported.at(k), v)) << k;
+  EXPECT_GT(fs::hard_link_count(pipe + "/vae/config.json"), 1u) << "the release's VAE was copied, not linked";
+  r = test::run_process(test::python() + " " + test::reference_script("diffusers_i2v_reference.py") + " open " + pipe +
+                        " " + (dir / "first.png") + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("WanImageToVideoPipeline with"), std::string::npos) << r.output;
+  // A text-to-video release does not go with this model: named, and nothing is written.
+  fs::create_directories(dir / "t2v_release");
+  std::ofstream(dir / "t2v_release/model_index.json") << R"({"_class_name": "WanPipeline"})";
+  r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + (dir / "exported2") +
+                        " --pipeline " + (dir / "t2v_release") + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("is a WanPipeline, but the checkpoint's model is image-to-video"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "exported2"));
 
   // A cache prepared for text-to-video cannot train an image-to-video model: refused by name
   // before any step, and the run's checkpoints are left as they were.

@@ -257,6 +257,14 @@ ClipImageConfig ClipImageConfig::load(const std::string& path) {
        "pass the file, its folder or a diffusers pipeline folder, or use the CLIP defaults");
 }
 
+ClipImageConfig ClipImageConfig::beside_encoder(const std::string& encoder) {
+  const fs::path p(encoder);
+  std::error_code ec;
+  for (const fs::path& c : {p / "preprocessor_config.json", p / "image_processor", p.parent_path() / "image_processor"})
+    if (fs::exists(c, ec)) return load(c.string());
+  return {};
+}
+
 std::pair<int64_t, int64_t> clip_resized_size(const ClipImageConfig& cfg, int64_t height, int64_t width) {
   if (!cfg.do_resize) return {height, width};
   if (cfg.shortest_edge <= 0) return {cfg.resize_height, cfg.resize_width};

@@ -59,6 +59,11 @@ struct ClipImageConfig {
   // The same from `path`: a preprocessor_config.json, a folder holding one, or a diffusers
   // pipeline root (its image_processor/). Throws vidit::Error naming `path` when there is none.
   static ClipImageConfig load(const std::string& path);
+  // The processor that goes with the CLIP encoder at `encoder`: its own preprocessor_config.json,
+  // the image_processor/ of a pipeline root, or the image_processor/ beside an image_encoder/
+  // folder; CLIP's defaults above (Wan's: 224 pixels, bicubic, OpenAI's mean and std) where there
+  // is none. Sampling and `vidit prepare` both find it this way.
+  static ClipImageConfig beside_encoder(const std::string& encoder);
 };
 
 // (height, width) after step 1 for a picture of `height` x `width`; the picture's own size when

@@ -114,6 +114,23 @@ TEST(ClipImageInput, ConfigFieldsAndErrors) {
   EXPECT_NE(msg.find("no preprocessor_config.json"), std::string::npos) << msg;
 }
 
+// The processor that goes with an encoder, as sampling and prepare find it: the encoder folder's
+// own file, a pipeline root's image_processor/, the image_processor/ beside image_encoder/, else
+// CLIP's defaults.
+TEST(ClipImageInput, ProcessorBesideTheEncoderIsFound) {
+  ScratchDir tmp("clip_beside");
+  namespace fs = std::filesystem;
+  fs::create_directories(tmp / "pipe/image_encoder");
+  fs::create_directories(tmp / "pipe/image_processor");
+  fs::create_directories(tmp / "lone");
+  EXPECT_EQ(ClipImageConfig::beside_encoder(tmp / "lone").shortest_edge, 224);  // the defaults
+  std::ofstream(tmp / "pipe/image_processor/preprocessor_config.json") << R"({"size": {"shortest_edge": 48}})";
+  EXPECT_EQ(ClipImageConfig::beside_encoder(tmp / "pipe/image_encoder").shortest_edge, 48);
+  EXPECT_EQ(ClipImageConfig::beside_encoder(tmp / "pipe").shortest_edge, 48);
+  std::ofstream(tmp / "pipe/image_encoder/preprocessor_config.json") << R"({"size": {"shortest_edge": 64}})";
+  EXPECT_EQ(ClipImageConfig::beside_encoder(tmp / "pipe/image_encoder").shortest_edge, 64);
+}
+
 TEST(ClipImageReference, PipelineFolderGivesTheProcessorConfig) {
   VIDIT_CLIP_REFERENCE(dir);
   const ClipImageConfig c = ClipImageConfig::load(dir + "/pipe");

@@ -3,7 +3,8 @@
 (src/pipeline/image_condition_test.cpp runs it; tests only, never the product).
 
     diffusers_i2v_reference.py OUT IMAGE [LAST_IMAGE]
-        Builds, with random weights (seeded), a small image-to-video pipeline:
+        Builds, with random weights (seeded), a small image-to-video pipeline, saved by its
+        save_pretrained (model_index.json and scheduler/ beside the parts; no text encoder):
           OUT/vae/          AutoencoderKLWan of Wan 2.1's structure at base_dim 8 (z_dim 16)
           OUT/image_encoder/  transformers' CLIPVisionModel (hidden 48, 3 layers, 4 heads, 32-pixel
                             pictures in 16-pixel patches: 5 tokens, quick_gelu)
@@ -26,8 +27,14 @@
                               ([1, n x 5, 48], the pictures' tokens one after the other)
         The pipeline refuses image_embeds beside the image; here it computes them itself.
 
+    diffusers_i2v_reference.py open DIR IMAGE
+        Opens DIR with WanImageToVideoPipeline.from_pretrained (what `vidit export --pipeline`
+        wrote) and samples 2 steps at the sizes above from IMAGE and random prompt embeddings;
+        prints the class of each component and the latents' shape.
+
 Exit status: 0 done, 2 bad usage, 3 diffusers missing.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -71,7 +78,6 @@ def make(out, image_path, last_path=None):
     vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
                            temperal_downsample=[False, True, True]).eval()
     randomize(vae, 1.0)
-    vae.save_pretrained(out / "vae")
     extra = {"pos_embed_seq_len": 2 * IMAGE_TOKENS} if last_path else {}
     transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
                                         in_channels=36, out_channels=16, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
@@ -80,21 +86,19 @@ def make(out, image_path, last_path=None):
     with torch.no_grad():  # no zero- or one-initialised tensor may hide a wrong input
         for p in transformer.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    transformer.save_pretrained(out / "transformer")
 
     clip = CLIPVisionModel(CLIPVisionConfig(hidden_size=IMAGE_DIM, intermediate_size=96, num_hidden_layers=3,
                                             num_attention_heads=4, image_size=32, patch_size=16,
                                             hidden_act="quick_gelu")).eval()
     randomize(clip, 1.0)
-    clip.save_pretrained(out / "image_encoder")
     processor = PilClipProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    processor.save_pretrained(out / "image_processor")
 
     scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",
                                         use_flow_sigmas=True, flow_shift=SHIFT, solver_type="bh2", predict_x0=True,
                                         lower_order_final=True)
     pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
                                    image_processor=processor, image_encoder=clip, transformer=transformer)
+    pipe.save_pretrained(out)  # a release WanImageToVideoPipeline.from_pretrained opens (no text encoder)
     attended = []  # the CLIP features the transformer is given (the first call's)
     transformer.register_forward_pre_hook(
         lambda module, args, kwargs: attended.append(kwargs["encoder_hidden_states_image"].detach().clone()),
@@ -121,8 +125,30 @@ def make(out, image_path, last_path=None):
     print(f"made {out}: latents {tuple(latents.shape)}, max |latents| {latents.abs().max().item():.4g}")
 
 
+def open_and_sample(folder, image_path):
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:  # from_pretrained wants accelerate for this list, which matters only below fp32
+        WanTransformer3DModel._keep_in_fp32_modules = None
+    # The parts a release may leave out (no text encoder here: prompt embeddings are given).
+    absent = {k: None for k in ("text_encoder", "tokenizer", "transformer_2")
+              if json.loads((Path(folder) / "model_index.json").read_text()).get(k, [None])[0] is None}
+    pipe = WanImageToVideoPipeline.from_pretrained(folder, **absent)
+    parts = {name: type(c).__name__ for name, c in pipe.components.items() if c is not None}
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randn(1, TEXT_LEN, pipe.transformer.config.text_dim, generator=g)
+    with torch.no_grad():
+        latents = pipe(image=load_image(image_path), prompt_embeds=prompt, negative_prompt_embeds=torch.zeros_like(prompt),
+                       height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=2, guidance_scale=GUIDANCE,
+                       output_type="latent", generator=g).frames
+    assert torch.isfinite(latents).all(), "the pipeline's latents are not finite"
+    print(f"opened {folder}: {type(pipe).__name__} with {parts}; latents {tuple(latents.shape)}")
+
+
 def main(argv):
-    if len(argv) in (2, 3):
+    if len(argv) == 3 and argv[0] == "open":
+        open_and_sample(argv[1], argv[2])
+    elif len(argv) in (2, 3):
         make(*argv)
     else:
         die(__doc__, 2)

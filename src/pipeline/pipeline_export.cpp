@@ -1,0 +1,131 @@
+// A transformer and a release's other components as one diffusers pipeline folder (see the header).
+#include "pipeline/pipeline_export.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "model/weight_layout.h"
+
+namespace vidit {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  VIDIT_CHECK(in, "cannot read '", path.string(), "'");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail("'", path.string(), "' is not valid JSON: ", e.what());
+  }
+}
+
+// A component entry of model_index.json: ["library", "Class"], or [null, null] for none.
+bool names_a_component(const json& v) { return v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_string(); }
+
+// Every file under `from` (links followed) made again under `to`: hard-linked, else copied.
+void link_tree(const fs::path& from, const fs::path& to, PipelineExport& report) {
+  fs::create_directories(to);
+  for (auto it = fs::recursive_directory_iterator(from, fs::directory_options::follow_directory_symlink);
+       it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path rel = fs::relative(it->path(), from);
+    if (it->is_directory()) {
+      fs::create_directories(to / rel);
+      continue;
+    }
+    if (!it->is_regular_file()) continue;
+    const fs::path source = fs::canonical(it->path());
+    const uint64_t bytes = fs::file_size(source);
+    std::error_code ec;
+    fs::create_hard_link(source, to / rel, ec);
+    if (!ec) {
+      ++report.linked_files, report.linked_bytes += bytes;
+      continue;
+    }
+    fs::copy_file(source, to / rel);  // another file system (or links not allowed): copy
+    ++report.copied_files, report.copied_bytes += bytes;
+  }
+}
+
+}  // namespace
+
+std::string pipeline_class_for(const ModelConfig& m) {
+  return m.condition == FrameCondition::none ? "WanPipeline" : "WanImageToVideoPipeline";
+}
+
+PipelineExport write_diffusers_pipeline(const TensorStream& official, const ModelConfig& m, const std::string& release,
+                                        const std::string& out, uint64_t max_shard_bytes) {
+  const fs::path base(release), index_path = base / "model_index.json";
+  VIDIT_CHECK(fs::is_regular_file(index_path), "--pipeline '", release, "' has no model_index.json: give a release in "
+              "diffusers' layout (a folder WanPipeline.from_pretrained opens) whose components go with the model");
+  json index = read_json(index_path);
+  PipelineExport report;
+  report.pipeline_class = index.value("_class_name", std::string());
+  const std::string wanted = pipeline_class_for(m);
+  const bool i2v = m.condition != FrameCondition::none;
+  VIDIT_CHECK(report.pipeline_class == wanted, "--pipeline '", release, "' is a ", report.pipeline_class.empty() ?
+              std::string("pipeline without _class_name") : report.pipeline_class, ", but the checkpoint's model ",
+              i2v ? "is image-to-video (model.condition = \"" + std::string(name_of(m.condition)) + "\", " +
+                        std::to_string(m.in_channels) + " input channels)"
+                  : "is text-to-video (" + std::to_string(m.in_channels) + " input channels)",
+              ", whose release is a ", wanted, "; give a ", wanted, " release");
+  VIDIT_CHECK(!index.contains("transformer_2") || !names_a_component(index["transformer_2"]), "--pipeline '", release,
+              "' has two transformers (transformer_2, a two-expert Wan 2.2 release); vidit exports one transformer "
+              "into a one-transformer release");
+  if (fs::exists(base / "transformer" / "config.json")) {
+    const ModelConfig r = read_transformer_config((base / "transformer").string());
+    auto same = [&](const char* key, int64_t ours, int64_t theirs, const char* part) {
+      VIDIT_CHECK(ours == theirs, "--pipeline '", release, "': its transformer has ", key, " = ", theirs,
+                  " but the checkpoint's model has ", ours, ", so its ", part, " does not go with this model; give "
+                  "the release the run was trained from");
+    };
+    same("model.in_channels", m.in_channels, r.in_channels, "VAE and conditioning");
+    same("model.out_channels", m.out_channels, r.out_channels, "VAE");
+    same("model.text_dim", m.text_dim, r.text_dim, "text encoder");
+    same("model.image_dim", m.image_dim, r.image_dim, "image encoder");
+  }
+  for (const char* part : {"vae", "scheduler"})
+    VIDIT_CHECK(index.contains(part) && names_a_component(index[part]) && fs::is_directory(base / part), "--pipeline '",
+                release, "' has no ", part, "/ component; a pipeline needs one");
+  VIDIT_CHECK(m.image_dim == 0 || (index.contains("image_encoder") && names_a_component(index["image_encoder"])),
+              "--pipeline '", release, "' has no image_encoder, but the model attends to CLIP features (model.image_dim"
+              " = ", m.image_dim, ")");
+  for (const auto& [name, value] : index.items()) {
+    if (name == "transformer" || !names_a_component(value)) continue;
+    VIDIT_CHECK(fs::is_directory(base / name), "--pipeline '", release, "': model_index.json names the component '",
+                name, "' but there is no ", name, "/ folder");
+    report.components.push_back(name);
+  }
+
+  const fs::path target = fs::path(out).lexically_normal().has_filename() ? fs::path(out).lexically_normal()
+                                                                          : fs::path(out).lexically_normal().parent_path();
+  if (fs::exists(target))
+    VIDIT_CHECK(fs::is_directory(target) && fs::is_empty(target), "vidit export: '", target.string(),
+                "' exists and is not an empty folder; give a new folder (nothing there was changed)");
+  const fs::path tmp = target.parent_path() / (target.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  try {
+    if (!target.parent_path().empty()) fs::create_directories(target.parent_path());
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    write_diffusers_transformer(official, m, (tmp / "transformer").string(), max_shard_bytes);
+    for (const std::string& part : report.components) link_tree(base / part, tmp / part, report);
+    index["transformer"] = json::array({"diffusers", "WanTransformer3DModel"});
+    write_file_atomic((tmp / "model_index.json").string(), index.dump(2) + "\n");
+    if (fs::exists(target)) fs::remove(target);  // empty (checked above)
+    fs::rename(tmp, target);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return report;
+}
+
+}  // namespace vidit

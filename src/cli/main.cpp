@@ -520,12 +520,15 @@ int sample_wan(Config cfg, const SampleArgs& a) {
     const std::filesystem::path text_config = std::filesystem::path(w.text_encoder) / "config.json";
     if (std::filesystem::is_directory(w.text_encoder) && std::filesystem::is_regular_file(text_config))
       in.text = text::Umt5Config::from_json_file(text_config.string());
+    const std::filesystem::path clip_config = std::filesystem::path(w.image_encoder) / "config.json";  // likewise CLIP's
+    if (!w.image_encoder.empty() && std::filesystem::is_regular_file(clip_config))
+      in.clip = vision::ClipVisionConfig::from_json_file(clip_config.string());
     const SampleMemory plan = predict_sample_memory(in);
-    // The text phase, and an untiled decode, are rank 0's alone.
+    // The text and image phases, and an untiled decode, are rank 0's alone.
     double need = 0;
     std::string phase;
     for (const PhaseMemory& p : plan.phases)
-      if ((lead || (p.name != "text" && (p.name != "decode" || in.tiled))) && double(p.peak) > need)
+      if ((lead || (p.name != "text" && p.name != "image" && (p.name != "decode" || in.tiled))) && double(p.peak) > need)
         need = double(p.peak), phase = p.name;
     const int local = std::max(1, env.local_world);
     const double have = device.is_cuda() ? double(cuda_total_bytes(device.index() < 0 ? 0 : device.index()))

@@ -179,6 +179,10 @@ StepPlan plan_step(const Config& cfg, RecomputeCounts rc, const BlockActivations
   const double layers = double(m.layers);
   const double n_whole = double(rc.whole), n_selective = double(rc.selective), recomputed = n_whole + n_selective;
   double per_block = b * Lc * (18 * d + 2 * double(m.ffn_dim)) * 4;
+  // Image-to-video: the image branch's attention output [b, L, d] and its keys and values
+  // [b, image tokens, d] per block.
+  if (m.image_dim > 0)
+    per_block += b * Lc * d * 4 + b * double(m.image_pos_tokens > 0 ? m.image_pos_tokens : kImageTokens) * 2 * d * 4;
   double held_whole = b * Lc * d * 4, held_selective = b * Lc * d * (4 + 4 * (bf16 ? 2 : 4));
   if (measured) {
     per_block = measured->keep.bytes(b, Lc);

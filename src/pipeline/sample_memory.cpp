@@ -103,7 +103,9 @@ PhaseMemory denoise_phase(const SampleMemoryInputs& in) {
   const int64_t T = (in.frames - 1) / 4 + 1, h = in.height / 8, w = in.width / 8;
   const int64_t Lall = (T / m.patch[0]) * (h / m.patch[1]) * (w / m.patch[2]);
   const int64_t Ltok = Lall / in.sp;  // this rank's tokens
-  const int64_t latent = m.in_channels * T * h * w * 4;
+  const int64_t latent = m.out_channels * T * h * w * 4, input = m.in_channels * T * h * w * 4;
+  const bool conditioned = m.condition != FrameCondition::none;
+  const int64_t n_img = m.image_dim > 0 ? std::max<int64_t>(in.condition_pictures, 1) * in.clip.tokens() : 0;
   // Element sizes: e projections (bf16 under autocast), a attention output, s fp32 stream.
   const bool autocast = in.cuda || bf16;
   const int64_t e = autocast ? 2 : 4, a = autocast ? 2 : 4, s = 4;
@@ -115,18 +117,26 @@ PhaseMemory denoise_phase(const SampleMemoryInputs& in) {
   add("context [B, text_len, dim]", B * Lt * D * e);
   add("RoPE cos, sin [L, head_dim / 2] fp32", Ltok * hd * 4);
   add(std::string("sampler latents (noise, x, batch-") + std::to_string(B) + " in and out" +
-      (in.unipc ? ", UniPC's history" : "") + (in.halves ? ", the pair's two velocities)" : ")"),
-      latent * (2 + 2 * B + (in.unipc ? 3 : 0) + (in.cuda ? 1 : 0) + (in.halves ? 2 : 0)));
+      (in.unipc ? ", UniPC's history" : "") + (in.halves ? ", the pair's two velocities" : "") +
+      (conditioned ? ", the frame condition)" : ")"),
+      latent * (2 + B + (in.unipc ? 3 : 0) + (in.cuda ? 1 : 0) + (in.halves ? 2 : 0)) + B * input +
+          (conditioned ? input - latent : 0));
+  if (n_img > 0)
+    add("image features [B, " + std::to_string(n_img) + ", image_dim] fp32 and their projection [B, n, dim]",
+        B * n_img * (m.image_dim * 4 + D * e));
   // The block's busiest point: fc2 of the MLP (the cross-attention output projection and the
   // final gated add are counted too; the largest of the three is taken). q, k, v and the
   // attention output (e, 4, 4, a below) are 1/tensor wide.
   const int64_t BL = B * Ltok;
   const int64_t at_fc2 = BL * (D * (s + (4 + 4 + e + a) / tp + e + s + e + s + s + e) + 2 * F / tp * e);
-  const int64_t at_cross = BL * D * (s + (4 + 4 + e + a) / tp + e + s + s + s + a + e) + B * Lt * D * (4 + e);
+  // With image tokens the image branch's attention output sits beside the text branch's.
+  const int64_t at_cross = BL * D * (s + (4 + 4 + e + a) / tp + e + s + s + s + a + e + (n_img > 0 ? a : 0)) +
+                           B * (Lt + n_img) * D * (4 + e);
   const int64_t at_end = BL * D * (s + (4 + 4 + e + a) / tp + e + s + e + s + s + e + s);
   const int64_t busiest = std::max({at_fc2, at_cross, at_end});
   add(busiest == at_fc2 ? "block at the MLP's fc2: 11 [B, L, dim] and 2 [B, L, ffn] tensors"
-                        : "block: 11-12 [B, L, dim] tensors", busiest);
+                        : busiest == at_cross ? "block at cross-attention: 12-13 [B, L, dim] tensors"
+                                              : "block: 12 [B, L, dim] tensors", busiest);
   if (in.sp > 1)  // Ulysses' all-to-all inputs and outputs of q, k, v (ring: two key / value blocks in flight)
     add("sequence parallel: the exchanges' buffers, 4 [B, L/sp, dim]", 4 * BL * D * a / tp);
   l.p.activations = run;
@@ -161,24 +171,37 @@ struct ChunkUse {
   int64_t frames = 0; // video frames the chunk makes
 };
 
-ChunkUse decoder_chunk(const WanVAEConfig& c, int64_t h, int64_t w, bool cuda) {
-  ChunkUse u;
-  const int64_t stages = int64_t(c.dim_mult.size()), top = c.base_dim * c.dim_mult.back();
-  int64_t f = 1, H = h, W = w;  // frames and frame size at the current layer
-  auto keep = [&](int64_t ch) { u.cache += ch * 2 * H * W; };
-  auto peak = [&](int64_t v) { u.layer = std::max(u.layer, v); };
+// Walks a VAE coder's layers on one chunk: f frames of H x W at the current layer, the cache
+// and busiest layer counted into `use` as each layer is met.
+struct ChunkWalk {
+  ChunkUse use;
+  bool cuda;
+  int64_t f, H, W;
+  void keep(int64_t ch) { use.cache += ch * 2 * H * W; }
+  void peak(int64_t v) { use.layer = std::max(use.layer, v); }
   // A causal 3x3x3 conv of a chunk: the 2 cached frames prepended (a new tensor) and its scratch.
-  auto causal = [&](int64_t cin, int64_t cout) {
+  int64_t causal(int64_t cin, int64_t cout) const {
     return cin * (f + 2) * H * W + cout * f * H * W + conv_scratch(cuda, 1, cin, cout, 3, 3, f + 2, f, H, W, true);
-  };
+  }
   // A residual block: at each conv its input x, the shortcut's output, the norm and SiLU feeding
   // the conv (and, at the second, the first conv's output), the conv's sequence, output, scratch.
-  auto residual = [&](int64_t cin, int64_t cout) {
+  void residual(int64_t cin, int64_t cout) {
     keep(cin), keep(cout);
     const int64_t x = cin * f * H * W, y = cout * f * H * W, sc = cin != cout ? y : 0;
     peak(x + sc + 2 * x + causal(cin, cout));
     peak(x + sc + 3 * y + causal(cout, cout));
-  };
+  }
+};
+
+ChunkUse decoder_chunk(const WanVAEConfig& c, int64_t h, int64_t w, bool cuda) {
+  const int64_t stages = int64_t(c.dim_mult.size()), top = c.base_dim * c.dim_mult.back();
+  ChunkWalk k{{}, cuda, 1, h, w};  // one latent frame
+  int64_t &f = k.f, &H = k.H, &W = k.W;
+  ChunkUse& u = k.use;
+  auto keep = [&](int64_t ch) { k.keep(ch); };
+  auto peak = [&](int64_t v) { k.peak(v); };
+  auto causal = [&](int64_t cin, int64_t cout) { return k.causal(cin, cout); };
+  auto residual = [&](int64_t cin, int64_t cout) { k.residual(cin, cout); };
   keep(c.z_dim);  // decoder conv1
   peak(c.z_dim * f * H * W + causal(c.z_dim, top));
   residual(top, top);
@@ -250,7 +273,107 @@ PhaseMemory decode_phase(const SampleMemoryInputs& in) {
   return l.p;
 }
 
+// ---- image: the condition video through the VAE encoder, the pictures through CLIP ------------
+
+// The encoder on a later chunk (4 frames of a tile h x w pixels), counted as decoder_chunk counts.
+ChunkUse encoder_chunk(const WanVAEConfig& c, int64_t h, int64_t w, bool cuda) {
+  const int64_t stages = int64_t(c.dim_mult.size()), top = c.base_dim * c.dim_mult.back();
+  ChunkWalk k{{}, cuda, c.temporal_factor(), h, w};
+  int64_t &f = k.f, &H = k.H, &W = k.W;
+  ChunkUse& u = k.use;
+  u.frames = f;
+  auto keep = [&](int64_t ch) { k.keep(ch); };
+  auto peak = [&](int64_t v) { k.peak(v); };
+  auto causal = [&](int64_t cin, int64_t cout) { return k.causal(cin, cout); };
+  auto residual = [&](int64_t cin, int64_t cout) { k.residual(cin, cout); };
+  keep(3);  // conv1
+  peak(3 * f * H * W + causal(3, c.base_dim));
+  int64_t dim = c.base_dim;
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t out = c.base_dim * c.dim_mult[s];
+    for (int64_t r = 0; r < c.num_res_blocks; ++r) residual(dim, out), dim = out;
+    if (s + 1 == stages) break;
+    // Per frame: the frames' copy, padded right and bottom, the stride-2 conv, its output back
+    // in [B, C, T, ...] order (a copy at the next layer).
+    const int64_t x = out * f * H * W, half = out * f * (H / 2) * (W / 2);
+    peak(x + x + out * f * (H + 1) * (W + 1) + 2 * half +
+         conv_scratch(cuda, f, out, out, 1, 3, 1, 1, H / 2, W / 2, false));
+    H /= 2, W /= 2;
+    if (c.temporal_downsample[s]) {  // the last frame kept, prepended, a stride-2 time conv
+      u.cache += out * H * W;
+      peak(out * f * H * W * 2 + out * (f + 1) * H * W + out * (f / 2) * H * W +
+           conv_scratch(cuda, 1, out, out, 3, 1, f + 1, f / 2, H, W, true));
+      f /= 2;
+    }
+  }
+  residual(top, top);
+  peak(12 * top * f * H * W);  // per-frame attention
+  residual(top, top);
+  keep(top);  // head: norm, SiLU, the causal conv to the moments
+  peak(3 * top * f * H * W + causal(top, 2 * c.z_dim));
+  return u;
+}
+
+PhaseMemory image_phase(const SampleMemoryInputs& in) {
+  const WanVAEConfig& c = in.vae;
+  const ModelConfig& m = in.model;
+  const int64_t sf = c.spatial_factor(), T = (in.frames - 1) / c.temporal_factor() + 1;
+  const int64_t h = in.height / sf, w = in.width / sf, F = in.frames, HW = in.height * in.width;
+  const int64_t pictures = std::max<int64_t>(in.condition_pictures, 1);
+  // Stage 1: the VAE on the condition video.
+  const int64_t P = count_vae_parameters(c);
+  const int64_t vae_weights = P * 4, vae_loading = in.cuda ? 0 : P * in.vae_file_bytes;
+  const int64_t video = 3 * F * HW * 4;
+  const bool tiled = in.tiled && (in.height > in.tiling.tile || in.width > in.tiling.tile);
+  const int64_t th = tiled ? std::min(in.height, in.tiling.tile) : in.height;
+  const int64_t tw = tiled ? std::min(in.width, in.tiling.tile) : in.width;
+  const ChunkUse u = encoder_chunk(c, th, tw, in.cuda);
+  const int64_t moments = 2 * c.z_dim * T * h * w * 4, condition = (m.in_channels - m.out_channels) * T * h * w * 4;
+  // The chunks' moments, their cat and conv1's output (per tile: the tile's video copy and the
+  // blended moments and weights), the latents and, at the end, mask + latents and their cat.
+  const int64_t tile_part = tiled ? 3 * F * th * tw * 4 + moments + T * h * w * 4 : 0;
+  const int64_t vae_run = video + pictures * 3 * HW * 4 + (u.cache + u.layer) * 4 + 2 * moments + tile_part;
+  // Stage 2: CLIP, the condition latent kept.
+  const vision::ClipVisionConfig& k = in.clip;
+  const int64_t clip_weights = m.image_dim > 0 ? k.parameters() * 4 : 0;
+  const int64_t nt = pictures * k.tokens(), d = k.hidden_size;
+  const int64_t clip_run = m.image_dim > 0 ? pictures * 3 * k.image_size * k.image_size * 4 +  // pixel values
+                                                 nt * (2 * d + 3 * d + d + 2 * k.intermediate_size) * 4  // x, y, qkv, attention, fc1 and its activation
+                                           : 0;
+  const int64_t vae_peak = vae_weights + std::max(vae_loading, vae_run);
+  const int64_t clip_peak = clip_weights + clip_run + condition;
+  Ledger l;
+  l.p.name = "image";
+  l.run("VAE: the condition video [3, F, H, W] fp32 and the resized pictures", video + pictures * 3 * HW * 4);
+  l.run("VAE: causal cache: 2 frames per time-padded conv", u.cache * 4);
+  l.run("VAE: the busiest encoder layer of a chunk", u.layer * 4);
+  l.run(tiled ? "VAE: moments and latents, a tile's video and the blend" : "VAE: moments and latents",
+        2 * moments + tile_part);
+  if (m.image_dim > 0) {
+    l.run("CLIP: " + std::to_string(pictures) + " picture(s), one layer's tensors [" + std::to_string(nt) +
+          " tokens]", clip_run);
+    l.run("CLIP: the condition latent kept from the VAE", condition);
+  }
+  if (vae_peak >= clip_peak) {
+    l.weight("Wan VAE, fp32 (" + std::to_string(P) + " parameters)", vae_weights);
+    if (vae_loading > 0) l.load("the VAE file's tensors", vae_loading);
+    l.p.activations = vae_run;
+    l.p.peak_at = "encoding the condition video";
+  } else {
+    l.weight("CLIP image encoder, fp32 (" + std::to_string(k.parameters()) + " parameters)", clip_weights);
+    l.p.activations = clip_run + condition;
+    l.p.peak_at = "CLIP";
+  }
+  return l.p;
+}
+
 }  // namespace
+
+const PhaseMemory& SampleMemory::phase(const std::string& name) const {
+  for (const PhaseMemory& p : phases)
+    if (p.name == name) return p;
+  fail("sampling memory: no phase '", name, "'");
+}
 
 int64_t count_vae_parameters(const WanVAEConfig& cfg) {
   WanVAE vae(cfg, at::TensorOptions().device(at::kMeta));
@@ -276,6 +399,9 @@ SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& r
   in.unipc = cfg.sample.solver == Solver::unipc;
   in.tiled = request.width > 512 || request.height > 512;
   in.bf16_projections = cfg.sample.dtype == Precision::bf16;
+  in.condition_pictures = cfg.model.condition == FrameCondition::first_last_frame ? 2
+                          : cfg.model.condition == FrameCondition::first_frame    ? 1
+                                                                                  : 0;
   Config at_size = cfg;
   const std::vector<int64_t> shape = latent_shape(request, cfg.model);
   at_size.data.latent_frames = shape[2], at_size.data.latent_height = shape[3], at_size.data.latent_width = shape[4];
@@ -293,7 +419,10 @@ SampleMemory predict_sample_memory(const SampleMemoryInputs& in) {
   r.frames = in.frames, r.width = in.width, r.height = in.height;
   check_video_request(r, in.model);
   SampleMemory out;
-  out.phases = {text_phase(in), denoise_phase(in), decode_phase(in)};
+  out.phases = {text_phase(in)};
+  if (in.model.condition != FrameCondition::none) out.phases.push_back(image_phase(in));
+  out.phases.push_back(denoise_phase(in));
+  out.phases.push_back(decode_phase(in));
   for (PhaseMemory& p : out.phases) {
     p.peak = p.weights + std::max(p.loading, p.activations);
     if (p.loading > p.activations) p.peak_at = "loading";

@@ -16,6 +16,17 @@
 //            the position-bias tensors [H, n, n] per distinct length n and their int64 bucket
 //            indices, and at the FFN's second projection its input [R, 2 d_ff] with the gated
 //            product [R, d_ff] and the output [R, d].
+//   image    image-to-video only (model.condition): first the Wan VAE (weights fp32, loading as
+//            in decode) encodes the condition video [3, F, H, W] fp32 (the picture, zeros, and the
+//            last picture for first-and-last) in causal chunks of 4 frames: the video, the
+//            resized pictures, the causal cache, the busiest encoder layer of a chunk (a residual
+//            block at full size: its input, the norm and SiLU, the cache-prepended sequence, the
+//            conv's output and scratch; a downsampling layer: the per-frame copy, the padded
+//            frames, the strided conv), and the moments and latents; then, the VAE freed, CLIP
+//            (weights fp32, mapped files copied in; ViT-H/14 unless given) runs the 1 or 2
+//            pictures to its penultimate layer: the pixels, a layer's residual stream, qkv,
+//            attention output and MLP hidden [n, tokens, 4 hidden] fp32, beside the condition
+//            latent kept from the VAE. The phase's peak is the larger of the two stages.
 //   denoise  DiT weights fp32, or with sample.dtype = "bf16" its 2-D (projection) weights in bf16;
 //            over ranks, this rank's part (FSDP's 1/shard, plus two blocks gathered whole at once
 //            and the root's embeddings and head; tensor parallel's 1/tensor of the blocks'
@@ -35,6 +46,10 @@
 //            (fp32, output [B, L, heads, hd]), on CUDA flash / cuDNN. dtypes: on the CPU all fp32;
 //            on CUDA projection and attention outputs bf16, the residual stream, norms and RoPE fp32.
 //            The sampler's latents (noise, x, the batch-2 input and output) are a few latent sizes.
+//            Image-to-video adds the condition latent (mask and condition, in_channels - out_channels
+//            wide) and the model input's extra channels, the image features [B, n x 257, image_dim]
+//            fp32 and their projection in the context, and at cross-attention the image branch's
+//            output [B, L, dim] beside the text branch's.
 //   decode   the whole Wan VAE's weights fp32 (encoder included: the pipeline builds it whole).
 //            Loading: the file's tensors beside the module's (load_safetensors, then copies).
 //            Running: decoding one latent frame at a time (4 video frames), the causal cache (each
@@ -60,6 +75,7 @@
 #include "core/config.h"
 #include "pipeline/wan_pipeline.h"
 #include "text/umt5.h"
+#include "vision/clip_vision.h"
 #include "vae/wan_vae.h"
 
 namespace vidit {
@@ -78,6 +94,10 @@ struct SampleMemoryInputs {
   bool unipc = false;                      // sample.solver = "unipc" (keeps two more latents)
   int64_t transformer_file_bytes = 4;      // bytes per parameter of the DiT file; 0: given in memory
   int64_t vae_file_bytes = 4;              // bytes per parameter of the VAE file
+  // Image-to-video (model.condition): the pictures given (1, or 2 for first-and-last; 0 for
+  // text-to-video: no image phase), and CLIP's shape where model.image_dim > 0.
+  int64_t condition_pictures = 0;
+  vision::ClipVisionConfig clip = vision::ClipVisionConfig::vit_h_14();
   bool tiled = false;                      // decode tiled (the pipeline: width or height > 512)
   VaeTiling tiling;                        // its tile and stride
   bool bf16_projections = false;           // sample.dtype = "bf16": the DiT's 2-D weights in bf16
@@ -101,7 +121,7 @@ struct MemoryTerm {
 };
 
 struct PhaseMemory {
-  std::string name;       // "text", "denoise", "decode"
+  std::string name;       // "text", "image" (image-to-video), "denoise", "decode"
   int64_t weights = 0;    // held from loading to the end of the phase
   int64_t loading = 0;    // held beside the weights for a moment while loading
   int64_t activations = 0;  // alive beside the weights at the busiest moment of running
@@ -111,7 +131,9 @@ struct PhaseMemory {
 };
 
 struct SampleMemory {
-  std::vector<PhaseMemory> phases;  // text, denoise, decode
+  std::vector<PhaseMemory> phases;  // text, image (image-to-video only), denoise, decode
+  // The phase named `name`; throws vidit::Error when there is none.
+  const PhaseMemory& phase(const std::string& name) const;
   int64_t peak = 0;                 // the largest phase's: what the run needs
   std::string peak_phase;
 };

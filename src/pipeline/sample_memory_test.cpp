@@ -23,6 +23,9 @@
 #include "text/tokenizer.h"
 #include "../../tests/test_util.h"
 #include "pipeline/pipeline_test_util.h"
+#include "pipeline/image_condition.h"
+#include "vae/vae_layout.h"
+#include "vision/vision_test_util.h"
 
 namespace vidit {
 namespace {
@@ -171,6 +174,54 @@ TEST(SampleMemory, DecodeOfASmallVaeMatchesThePrediction) {
   }
 }
 
+// The image phase of image-to-video (make_image_condition, as generate_video calls it) with a
+// small VAE and the reference's small CLIP, so that the encoder's chunks, not the weights, carry
+// the peak, at two sizes; first-and-last frame at the second.
+TEST(SampleMemory, ImagePhaseMatchesThePredictionAtTwoSizes) {
+  const auto& clip_ref = vision::test::clip_vision_reference();
+  if (!clip_ref.skip.empty()) GTEST_SKIP() << clip_ref.skip;
+  ASSERT_TRUE(clip_ref.error.empty()) << clip_ref.error;
+  c10::InferenceMode inference;
+  test::ScratchDir dir("sample_memory_image");
+  WanVAEConfig vc;
+  vc.base_dim = 8;
+  {
+    WanVAE vae(vc);
+    write_diffusers_vae(state_dict(*vae), vc, dir / "vae");
+  }
+  WanWeights w;
+  w.vae = dir / "vae";
+  w.image_encoder = clip_ref.dir + "/pipe/image_encoder";
+  // The small encoder takes 32-pixel pictures: its processor crops to that.
+  std::ofstream(dir / "processor.json") << R"({"crop_size": {"height": 32, "width": 32}, "size": {"shortest_edge": 32}})";
+  w.image_processor = dir / "processor.json";
+  const vision::ClipVisionConfig clip = vision::ClipVisionConfig::from_json_file(w.image_encoder + "/config.json");
+  Config cfg = parse_config("", "<test>", {});
+  cfg.model = tiny_wan();
+  cfg.model.in_channels = 36, cfg.model.image_dim = clip.hidden_size;
+  ASSERT_EQ(0, std::system(("ffmpeg -v error -y -f lavfi -i testsrc2=size=160x96 -frames:v 1 " + (dir / "p.png")).c_str()));
+  for (auto [frames, width, height, last] : {std::array<int64_t, 4>{9, 96, 64, 0}, std::array<int64_t, 4>{17, 192, 128, 1}}) {
+    cfg.model.condition = last ? FrameCondition::first_last_frame : FrameCondition::first_frame;
+    VideoRequest req;
+    req.frames = frames, req.width = width, req.height = height, req.image = dir / "p.png";
+    if (last) req.last_image = req.image;
+    SampleMemoryInputs in = sample_memory_inputs(cfg, req, at::kCPU);
+    in.vae = vc, in.clip = clip, in.vae_file_bytes = 4;
+    const PhaseMemory p = predict_sample_memory(in).phase("image");
+    HostPeak meter;
+    const ImageCondition c = make_image_condition(cfg, w, req, at::kCPU);
+    const int64_t measured = meter.peak();
+    ASSERT_EQ(c.frames.size(1), 20);
+    ASSERT_EQ(c.image.size(1), (last ? 2 : 1) * clip.tokens());
+    std::printf("image %lldx%lldx%lld%s: predicted %lld (weights %lld, activations %lld, at %s), measured %lld (%+.1f%%)\n",
+                (long long)frames, (long long)width, (long long)height, last ? " first+last" : "", (long long)p.peak,
+                (long long)p.weights, (long long)p.activations, p.peak_at.c_str(), (long long)measured,
+                100.0 * (double(p.peak) - double(measured)) / double(measured));
+    EXPECT_LT(rel(p.peak, measured), kTolerance) << frames << "x" << width << "x" << height;
+    EXPECT_GT(p.activations, 2 * p.weights) << "the weights decide: the test no longer checks the activations";
+  }
+}
+
 TEST(SampleMemory, WanShapesAt81x832x480) {
   Config cfg = parse_config("", "<test>", {"sample.cfg_scale=5.0", "sample.solver=\"unipc\""});
   VideoRequest req;  // 81 x 832 x 480
@@ -222,6 +273,24 @@ TEST(SampleMemory, WanShapesAt81x832x480) {
     EXPECT_NE(r8.phases[1].peak_at.find("8190 tokens x batch 1"), std::string::npos) << r8.phases[1].peak_at;
     EXPECT_LT(r8.phases[1].activations, h.phases[1].activations / 6);
   }
+  // Wan 2.1 I2V 14B: an image phase (the VAE encoding the condition video, then CLIP ViT-H/14,
+  // 0.63 B parameters), 36 input channels and 257 image tokens; the DiT still sets the run's peak.
+  ModelConfig& m = cfg.model;
+  m.in_channels = 36, m.image_dim = 1280, m.condition = FrameCondition::first_frame;
+  EXPECT_NEAR(double(vision::ClipVisionConfig::vit_h_14().parameters()) / 1e9, 0.63, 0.01);
+  const SampleMemory i2v = predict_sample_memory(sample_memory_inputs(cfg, req, at::Device(at::kCUDA)));
+  ASSERT_EQ(i2v.phases.size(), 4u);
+  const PhaseMemory& image = i2v.phase("image");
+  std::printf("I2V 14B image phase: weights %.2f GiB, activations %.2f GiB, peak %.2f GiB at %s\n",
+              double(image.weights) / (1 << 30), double(image.activations) / (1 << 30), double(image.peak) / (1 << 30),
+              image.peak_at.c_str());
+  // Tiled at 256 pixels the VAE's encoding stays below CLIP's 2.35 GiB of weights.
+  EXPECT_EQ(image.peak_at, "CLIP");
+  EXPECT_NEAR(double(image.weights) / (1 << 30), 2.35, 0.01);
+  EXPECT_EQ(i2v.peak_phase, "denoise");
+  m.image_dim = 0, m.condition = FrameCondition::none, m.in_channels = 16;
+  EXPECT_GT(i2v.phase("denoise").activations, predict_sample_memory(sample_memory_inputs(cfg, req, at::Device(at::kCUDA)))
+                                                  .phase("denoise").activations);
 }
 
 }  // namespace

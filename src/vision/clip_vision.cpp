@@ -81,6 +81,23 @@ WeightFiles find_weight_files(const std::string& path) {
 
 }  // namespace
 
+ClipVisionConfig ClipVisionConfig::vit_h_14() {
+  ClipVisionConfig c;
+  c.hidden_size = 1280, c.intermediate_size = 5120, c.num_hidden_layers = 32, c.num_attention_heads = 16;
+  c.patch_size = 14, c.hidden_act = "gelu";
+  return c;
+}
+
+int64_t ClipVisionConfig::parameters() const {
+  int64_t n = 0;
+  for (const auto& s : weight_specs(*this)) {
+    int64_t k = 1;
+    for (int64_t d : s.shape) k *= d;
+    n += k;
+  }
+  return n;
+}
+
 ClipVisionConfig ClipVisionConfig::from_json_file(const std::string& path) {
   nlohmann::json root;
   try {

@@ -52,6 +52,11 @@ struct ClipVisionConfig {
   // file and the field on a malformed or inconsistent value (hidden_size not a multiple of the
   // heads, an image smaller than a patch, an activation this encoder lacks, another model type).
   static ClipVisionConfig from_json_file(const std::string& path);
+  // open-clip's ViT-H/14 (1280 wide, 32 layers, 224-pixel pictures in 14-pixel patches: 257
+  // tokens), the image encoder of Wan 2.1's image-to-video releases.
+  static ClipVisionConfig vit_h_14();
+  // Its parameters, as the encoder holds them (every tensor of the checkpoint it reads).
+  int64_t parameters() const;
 };
 
 // What forward() returns.

@@ -8,22 +8,24 @@
 #                against the same transformers call.
 # Prints C++/transformers ratios of wall-clock time (the figure; goal <= 0.8) and of process CPU
 # time (both threads; less disturbed when other processes share the cores).
-#   bench/bench_clip_vision.sh [BUILD_DIR]   env: LAYERS=4 BATCH=1 THREADS=2 REPS=3
+# DTYPE=bf16 runs both in bf16 (transformers' model cast with .to(torch.bfloat16), its pixels
+# too; vidit's weights and projections in bf16, its residual stream fp32).
+#   bench/bench_clip_vision.sh [BUILD_DIR]   env: LAYERS=4 BATCH=1 THREADS=2 REPS=3 DTYPE=fp32
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-LAYERS=${LAYERS:-4} BATCH=${BATCH:-1} THREADS=${THREADS:-2} REPS=${REPS:-3}
+LAYERS=${LAYERS:-4} BATCH=${BATCH:-1} THREADS=${THREADS:-2} REPS=${REPS:-3} DTYPE=${DTYPE:-fp32}
 WORK=$(mktemp -d /tmp/vidit_bench_clip.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-"$PY" - "$WORK" "$LAYERS" "$BATCH" "$THREADS" "$REPS" <<'PYEOF' | tee "$WORK/py.txt"
+"$PY" - "$WORK" "$LAYERS" "$BATCH" "$THREADS" "$REPS" "$DTYPE" <<'PYEOF' | tee "$WORK/py.txt"
 import statistics, sys, time
 import torch
 from safetensors.torch import save_file
 from transformers import CLIPVisionConfig, CLIPVisionModel
 
-work, layers, batch, threads, reps = sys.argv[1:]
+work, layers, batch, threads, reps, dtype = sys.argv[1:]
 layers, batch, threads, reps = int(layers), int(batch), int(threads), int(reps)
 torch.set_num_threads(threads)
 torch.manual_seed(0)
@@ -48,13 +50,15 @@ def median_ms(f):  # median wall-clock and process CPU (all threads) millisecond
         wall.append((time.perf_counter() - a) * 1e3)
     return statistics.median(wall), statistics.median(cpu)
 
+if dtype == "bf16":  # cast after saving: both sides read the same fp32 file
+    model, pixels = model.to(torch.bfloat16), pixels.to(torch.bfloat16)
 with torch.inference_mode():
     ms, cpu_ms = median_ms(lambda: model(pixel_values=pixels, output_hidden_states=True).hidden_states[-2])
 print(f"transformers {__import__('transformers').__version__} torch {torch.__version__} forward_ms {ms:.1f} "
       f"forward_cpu_ms {cpu_ms:.1f} threads {torch.get_num_threads()}")
 PYEOF
 
-"$BUILD/bench_clip_vision" --model "$WORK/model" --io "$WORK/io.safetensors" --threads "$THREADS" --reps "$REPS" \
+"$BUILD/bench_clip_vision" --model "$WORK/model" --io "$WORK/io.safetensors" --threads "$THREADS" --reps "$REPS" --dtype "$DTYPE" \
   | tee "$WORK/cpp.txt"
 
 python3 - "$WORK/py.txt" "$WORK/cpp.txt" <<'PYEOF'

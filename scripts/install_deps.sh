@@ -14,7 +14,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git ca-certificates
       python3 python3-venv
       ffmpeg libavformat-dev libavcodec-dev libavutil-dev libswscale-dev
       libsentencepiece-dev
-      libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libzstd-dev libxxhash-dev libpng-dev
+      libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libzstd-dev libxxhash-dev libpng-dev libjpeg-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       openmpi-bin libopenmpi-dev libgloo-dev
       slurmctld slurmd slurm-client munge iproute2)

@@ -73,7 +73,10 @@ ImageCondition make_image_condition(const Config& cfg, const WanWeights& weights
                                             : vision::ClipImageConfig::load(weights.image_processor);
     std::vector<at::Tensor> pictures{first_rgb};
     if (last_rgb.defined()) pictures.push_back(last_rgb);
-    const vision::ClipVisionEncoder clip = vision::ClipVisionEncoder::load(weights.image_encoder, at::kFloat, device);
+    // sample.dtype = "bf16": CLIP's weights and projections in bf16 too (on a CPU with AMX, 5x
+    // transformers' fp32 speed; docs/BENCHMARKS.md); its residual stream stays fp32.
+    const at::ScalarType dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
+    const vision::ClipVisionEncoder clip = vision::ClipVisionEncoder::load(weights.image_encoder, dtype, device);
     VIDIT_CHECK(clip.config().hidden_size == m.image_dim, "the image encoder '", weights.image_encoder, "' makes ",
                 clip.config().hidden_size, "-wide features, but the transformer takes model.image_dim = ", m.image_dim);
     const at::Tensor features = clip.penultimate(vision::clip_pixel_values(pictures, pre).to(device));  // [n, 257, D]

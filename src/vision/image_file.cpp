@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "vision/jpeg_file.h"
 
 #ifdef VIDIT_HAVE_FFMPEG
 extern "C" {
@@ -35,6 +36,7 @@ namespace vidit::vision {
 bool image_decoding_available() { return false; }
 
 at::Tensor decode_image_file(const std::string& path) {
+  if (std::optional<at::Tensor> jpeg = decode_jpeg_like_pil(path)) return *jpeg;
   fail("cannot decode image file '", path, "': this vidit build has no FFmpeg support (the FFmpeg development "
        "libraries were not found at configure time). Install them (Debian/Ubuntu: apt-get install libavformat-dev "
        "libavcodec-dev libavutil-dev libswscale-dev pkg-config) and reconfigure the build, or decode the picture "
@@ -262,21 +264,6 @@ int exif_orientation(const AVFrame* f) {
   return quarter == -1 || quarter == 3 ? 6 : quarter == 1 || quarter == -3 ? 8 : quarter == 2 || quarter == -2 ? 3 : 1;
 }
 
-// Brings a [H, W, 3] picture stored with EXIF `orientation` upright, as PIL's
-// ImageOps.exif_transpose does.
-at::Tensor apply_orientation(const at::Tensor& rgb, int orientation) {
-  switch (orientation) {
-    case 2: return rgb.flip({1}).contiguous();                    // mirrored left-right
-    case 3: return rgb.flip({0, 1}).contiguous();                 // half a turn
-    case 4: return rgb.flip({0}).contiguous();                    // mirrored top-bottom
-    case 5: return rgb.transpose(0, 1).contiguous();              // mirrored about the main diagonal
-    case 6: return rgb.transpose(0, 1).flip({1}).contiguous();    // a quarter turn clockwise
-    case 7: return rgb.transpose(0, 1).flip({0, 1}).contiguous();  // mirrored about the other diagonal
-    case 8: return rgb.transpose(0, 1).flip({0}).contiguous();    // a quarter turn counter-clockwise
-    default: return rgb;
-  }
-}
-
 }  // namespace
 
 bool image_decoding_available() { return true; }
@@ -284,6 +271,8 @@ bool image_decoding_available() { return true; }
 at::Tensor decode_image_file(const std::string& path) {
   std::error_code ec;
   VIDIT_CHECK(std::filesystem::is_regular_file(path, ec), "image '", path, "' does not exist or is not a file");
+  // JPEGs through libjpeg as PIL decodes them (jpeg_file.h): the same pixels, not within 3 levels.
+  if (std::optional<at::Tensor> jpeg = decode_jpeg_like_pil(path)) return *jpeg;
   quiet_ffmpeg_logs();
   AVFormatContext* raw = nullptr;
   int ret = avformat_open_input(&raw, path.c_str(), nullptr, nullptr);
@@ -331,7 +320,7 @@ at::Tensor decode_image_file(const std::string& path) {
               last_error ? " (" + av_error_text(last_error) + ")" : std::string(), "; the file is damaged or empty");
   VIDIT_CHECK(frame->width > 0 && frame->height > 0, "image '", path, "': the decoder returned an empty picture");
   const at::Tensor rgb = is_planar_ycbcr8(frame.get()) ? ycbcr_to_rgb(frame.get()) : swscale_to_rgb(frame.get(), path);
-  return apply_orientation(rgb, exif_orientation(frame.get()));
+  return apply_exif_orientation(rgb, exif_orientation(frame.get()));
 }
 
 #endif  // VIDIT_HAVE_FFMPEG

@@ -8,17 +8,18 @@
 //  - the EXIF orientation a JPEG carries is applied (all 8, mirrored ones included, through the
 //    "Orientation" tag FFmpeg's JPEG decoder exports; where only a display matrix is exported,
 //    its quarter turns). Orientation stored in PNG or WebP metadata is not read;
-//  - 8-bit Y'CbCr pictures (JPEG, lossy WebP) are converted here rather than by libswscale, which
-//    places subsampled chroma differently (off by up to 160 levels from PIL at colour edges, on
-//    ffmpeg-made 4:2:0 JPEGs): chroma is upsampled by libjpeg's "fancy" triangle filter (centred
-//    samples, 3/4 of the nearer and 1/4 of the farther one along each halved axis, with its
-//    integer rounding), and full-range BT.601 (JPEG's JFIF) is converted with libjpeg's own
-//    integer tables, so that only the decoders' inverse DCTs differ: measured against PIL 13
-//    (libjpeg-turbo) on 4:2:0, 4:2:2, 4:4:4, odd-sized and greyscale JPEGs, at most 3 levels,
-//    and more than 1 on under 0.3% of values (image_input_test bounds it). Other Y'CbCr
-//    (limited range, BT.709, ...) is converted in floating point after the same upsampling;
-//    lossy WebP, which PIL's libwebp converts with its own rounding, comes out within 3 levels
-//    (more than 1 on 1.1% of values);
+//  - JPEGs (CMYK ones too) are decoded by libjpeg with PIL's settings (vision/jpeg_file.h): the
+//    same pixels as PIL. Without libjpeg in the build FFmpeg decodes them as below;
+//  - 8-bit Y'CbCr pictures FFmpeg decodes (lossy WebP; JPEG without libjpeg) are converted here
+//    rather than by libswscale, which places subsampled chroma differently (off by up to 160
+//    levels from PIL at colour edges, on ffmpeg-made 4:2:0 JPEGs): chroma is upsampled by
+//    libjpeg's "fancy" triangle filter (centred samples, 3/4 of the nearer and 1/4 of the farther
+//    one along each halved axis, with its integer rounding), and full-range BT.601 (JPEG's JFIF)
+//    is converted with libjpeg's own integer tables, so that only the decoders' inverse DCTs
+//    differ: FFmpeg-decoded JPEGs come within 3 levels of PIL 13 (libjpeg-turbo), more than 1 on
+//    under 0.3% of values. Other Y'CbCr (limited range, BT.709, ...) is converted in floating
+//    point after the same upsampling; lossy WebP, which PIL's libwebp converts with its own
+//    rounding, comes out within 3 levels (more than 1 on 1.1% of values);
 //  - every other format (RGB, RGBA, grey, palette; PNG, lossless WebP, BMP, TIFF, GIF) goes
 //    through libswscale to RGB24, which copies 8-bit RGB and grey exactly; 16-bit samples are
 //    scaled to 8 bits.

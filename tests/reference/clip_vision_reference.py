@@ -182,7 +182,7 @@ def ffmpeg_has_encoder(name):
 
 
 def make_pictures(folder):
-    """[(file name, kind)]: kind "exact" (every decoder gives the same pixels), "jpeg", "lossy_webp"."""
+    """[(file name, kind)]: kind "exact" (every decoder gives the same pixels), "jpeg", "cmyk_jpeg", "lossy_webp"."""
     src = "testsrc2=size={}:rate=1"
     pics = []
 
@@ -204,6 +204,9 @@ def make_pictures(folder):
     # one-component (greyscale) JPEG: the ffmpeg CLI's encoder writes none, PIL does
     Image.open(os.path.join(folder, "gray.png")).save(os.path.join(folder, "gray.jpg"), quality=90)
     pics.append(("gray.jpg", "jpeg"))
+    # a CMYK JPEG (print workflows write them; PIL stores Adobe's inverted samples)
+    Image.open(os.path.join(folder, "rgb.png")).convert("CMYK").save(os.path.join(folder, "cmyk.jpg"), quality=90)
+    pics.append(("cmyk.jpg", "cmyk_jpeg"))
     # EXIF orientation (a phone's portrait photo): 6 turns the picture a quarter clockwise, 7 also
     # mirrors it (transverse)
     for orientation in (6, 7):

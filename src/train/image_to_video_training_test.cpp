@@ -18,6 +18,7 @@
 #include "core/config.h"
 #include "loader/cache_loader.h"
 #include "loader/latent_cache.h"
+#include "core/safetensors.h"
 #include "model/weight_layout.h"
 #include "train/run_weights.h"
 #include "video/video_test_util.h"
@@ -130,6 +131,23 @@ TEST(ImageToVideoTraining, PrepareStoresTheConditionAndTrainingResumesFromIt) {
                         " " + (dir / "first.png") + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("WanImageToVideoPipeline with"), std::string::npos) << r.output;
+  // LoRA on the image keys and values (and a self-attention projection) of the I2V release:
+  // the adapters train, and the exported adapter file holds them under Wan's names.
+  r = test::run_process(std::string(VIDIT_BINARY) + " train --config " + config + " --set train.out_dir=\\\"" +
+                        (dir / "lora_run") + "\\\" --set lora.rank=4 --set train.steps=2 --set sample.every=0 "
+                        "--set 'lora.targets=[\"cross_attn.k_img\", \"cross_attn.v_img\", \"self_attn.q\"]' 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = test::run_process(std::string(VIDIT_BINARY) + " export --format lora " + (dir / "lora_run") + " " +
+                        (dir / "adapters.safetensors") + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const TensorMap adapters = load_safetensors(dir / "adapters.safetensors");
+  for (const char* proj : {"cross_attn.k_img", "cross_attn.v_img", "self_attn.q"}) {
+    const std::string b = std::string("diffusion_model.blocks.1.") + proj + ".lora_B.weight";
+    ASSERT_TRUE(adapters.count(b)) << b;
+    EXPECT_GT(adapters.at(b).abs().max().item<double>(), 0) << b << " did not train";
+  }
+  EXPECT_EQ(adapters.size(), 2u * 3u * 3u) << "2 blocks x 3 projections x (A, B, alpha)";
+
   // A text-to-video release does not go with this model: named, and nothing is written.
   fs::create_directories(dir / "t2v_release");
   std::ofstream(dir / "t2v_release/model_index.json") << R"({"_class_name": "WanPipeline"})";

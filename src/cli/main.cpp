@@ -453,7 +453,7 @@ int sample_wan(Config cfg, const SampleArgs& a) {
   w.text_encoder = !a.text_encoder.empty() ? a.text_encoder : cfg.text.encoder;
   w.tokenizer = !a.tokenizer.empty() ? a.tokenizer : cfg.text.tokenizer;
   w.vae = !a.vae.empty() ? a.vae : cfg.data.vae_weights;
-  w.image_encoder = a.image_encoder;
+  w.image_encoder = !a.image_encoder.empty() ? a.image_encoder : cfg.data.image_encoder;
   TensorMap transformer;
   std::string source;
   if (!a.weights.empty()) {
@@ -889,7 +889,7 @@ int main(int argc, char** argv) {
                      "the video takes its aspect ratio at 832x480's area");
   sample->add_option("--last-image", sa.last_image, "first-and-last-frame: the last frame");
   sample->add_option("--image-encoder", sa.image_encoder, "the CLIP image encoder (a transformers CLIPVisionModel "
-                     "folder; default: image_encoder/ of --weights)");
+                     "folder; default: data.image_encoder, else image_encoder/ of --weights)");
   sample->add_option("-o,--out", sa.out, "output: a folder, or a .mp4 file for one prompt");
   sample->add_flag("!--raw", sa.use_ema, "use the raw weights instead of the EMA weights");
   int worker = 0, workers = 0;

@@ -259,17 +259,17 @@ Umt5Encoder::Umt5Encoder(const Umt5Config& cfg, const TensorMap& w, at::ScalarTy
   for (int64_t n = 0; n < cfg_.num_layers; ++n) {
     Block b;
     at::Tensor q = take(specs[i++]), k = take(specs[i++]), v = take(specs[i++]);
-    b.qkv = project(at::cat({q, k, v}, 0));
-    b.o = project(take(specs[i++]));
+    b.qkv = PackedLinear(at::cat({q, k, v}, 0));
+    b.o = PackedLinear(take(specs[i++]));
     b.rel_bias = take(specs[i++]).t().contiguous();
     b.norm_attn = take(specs[i++]);
     if (cfg_.gated()) {
       at::Tensor w0 = take(specs[i++]), w1 = take(specs[i++]);
-      b.wi = project(at::cat({w0, w1}, 0));
+      b.wi = PackedLinear(at::cat({w0, w1}, 0));
     } else {
-      b.wi = project(take(specs[i++]));
+      b.wi = PackedLinear(take(specs[i++]));
     }
-    b.wo = project(take(specs[i++]));
+    b.wo = PackedLinear(take(specs[i++]));
     b.norm_ff = take(specs[i++]);
     blocks_.push_back(std::move(b));
   }
@@ -316,47 +316,6 @@ Umt5Encoder Umt5Encoder::load(const std::string& path, at::ScalarType dtype, at:
     w[s.key] = convert(t, s.key, dtype, device);
   }
   return Umt5Encoder(cfg, w, dtype, device, where);
-}
-
-namespace {
-
-// oneDNN's linear on weights packed once (the ops TorchInductor's CPU freezing uses; reached
-// through the dispatcher, as ATen has no C++ function for them). nullopt when this LibTorch has no
-// oneDNN.
-std::optional<c10::OperatorHandle> mkldnn_op(const char* name) {
-  if (!at::hasMKLDNN()) return std::nullopt;
-  return c10::Dispatcher::singleton().findSchema({name, ""});
-}
-
-at::Tensor call_boxed(const c10::OperatorHandle& op, torch::jit::Stack stack) {
-  op.callBoxed(&stack);
-  return stack[0].toTensor();
-}
-
-}  // namespace
-
-Umt5Encoder::Projection Umt5Encoder::project(at::Tensor w) const {
-  // Why: on the 2-core AVX-512 AMD EPYC of the dev machines, oneDNN's brgemm on a packed fp32
-  // weight runs umT5's projections at ~0.75x the time of the MKL sgemm at::linear calls (MKL's
-  // own packed sgemm is no faster), with the same fp32 accumulation. bf16 stays on at::linear,
-  // which already multiplies bf16 with oneDNN on the CPU; packing it measured no clear gain.
-  static const std::optional<c10::OperatorHandle> reorder = mkldnn_op("mkldnn::_reorder_linear_weight");
-  static const std::optional<c10::OperatorHandle> linear = mkldnn_op("mkldnn::_linear_pointwise");
-  Projection p;
-  if (device_.is_cpu() && dtype_ == at::kFloat && reorder && linear) {
-    p.weight = call_boxed(*reorder, {w.contiguous(), c10::IValue()});
-    p.packed = true;
-  } else {
-    p.weight = std::move(w);
-  }
-  return p;
-}
-
-at::Tensor Umt5Encoder::Projection::operator()(const at::Tensor& x) const {
-  if (!packed) return at::linear(x, weight);
-  static const c10::OperatorHandle linear = *mkldnn_op("mkldnn::_linear_pointwise");
-  return call_boxed(linear, {x.contiguous(), weight, c10::IValue(), c10::IValue("none"),
-                             c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()});
 }
 
 at::Tensor Umt5Encoder::ffn_act(const at::Tensor& x) const {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/packed_linear.h"
 #include "core/safetensors.h"
 
 namespace vidit::text {
@@ -87,24 +88,15 @@ class Umt5Encoder {
   at::ScalarType dtype() const { return dtype_; }
 
  private:
-  // A projection's weight as its device's fastest matmul wants it: in fp32 on the CPU (when
-  // LibTorch has oneDNN) packed once, at load, into oneDNN's blocked layout for its brgemm matmul;
-  // otherwise the dense [out, in] weight for at::linear. Same fp32 accumulation either way.
-  struct Projection {
-    at::Tensor weight;  // [out, in]: dense, or a oneDNN-packed (is_mkldnn) tensor
-    bool packed = false;
-    at::Tensor operator()(const at::Tensor& x) const;  // x [..., in] -> [..., out]
-  };
   struct Block {
-    Projection qkv;        // [3 * inner, d_model]: q, k, v stacked
-    Projection o;          // [d_model, inner]
+    PackedLinear qkv;        // [3 * inner, d_model]: q, k, v stacked
+    PackedLinear o;          // [d_model, inner]
     at::Tensor rel_bias;   // [num_heads, num_buckets] (compute dtype): the bias table, transposed
     at::Tensor norm_attn;  // [d_model] fp32
-    Projection wi;         // gated: [2 * d_ff, d_model] (wi_0 then wi_1); else [d_ff, d_model]
-    Projection wo;         // [d_model, d_ff]
+    PackedLinear wi;         // gated: [2 * d_ff, d_model] (wi_0 then wi_1); else [d_ff, d_model]
+    PackedLinear wo;         // [d_model, d_ff]
     at::Tensor norm_ff;    // [d_model] fp32
   };
-  Projection project(at::Tensor w) const;
   at::Tensor ffn_act(const at::Tensor& x) const;
 
   Umt5Config cfg_;

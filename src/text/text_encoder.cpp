@@ -21,11 +21,14 @@ std::string find_tokenizer_beside(const std::string& encoder) {
   std::error_code ec;
   fs::path dir = fs::is_directory(encoder, ec) ? fs::path(encoder) : fs::path(encoder).parent_path();
   for (const fs::path& cand : {dir, dir / "tokenizer", dir.parent_path() / "tokenizer"}) {
-    for (const char* name : {"spiece.model", "tokenizer.model"})
+    // The SentencePiece model first (the original), then tokenizer.json (what today's
+    // transformers saves alone), as Tokenizer::find_model_file orders them.
+    for (const char* name : {"spiece.model", "tokenizer.model", "tokenizer.json"})
       if (fs::is_regular_file(cand / name, ec)) return (cand / name).string();
   }
-  fail("text encoder: no tokenizer given and no spiece.model beside '", encoder, "' (looked in its folder, "
-       "tokenizer/ and ../tokenizer/): set text.tokenizer (or --tokenizer) to umT5's spiece.model");
+  fail("text encoder: no tokenizer given and no spiece.model or tokenizer.json beside '", encoder, "' (looked in its "
+       "folder, tokenizer/ and ../tokenizer/): set text.tokenizer (or --tokenizer) to umT5's spiece.model or "
+       "tokenizer.json");
 }
 
 }  // namespace

@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 
 #include "../../tests/test_util.h"
 #include "core/error.h"
 #include "text/text_test_util.h"
+#include "text/text_encoder.h"
 #include "text/tokenizer.h"
 
 #ifdef VIDIT_HAVE_SENTENCEPIECE
@@ -261,6 +263,26 @@ TEST(TokenizerJsonReference, WanCaptionsMatchTheSpieceModel) {
   EXPECT_GT(a.truncated_count(), 0);
 }
 
+
+// A pipeline folder whose tokenizer/ holds tokenizer.json alone (what today's transformers saves):
+// the text encoder finds it beside its weights, as `vidit prepare` and `vidit encode-text` use it.
+TEST(TokenizerJsonReference, FoundBesideAnEncoderWithoutSpieceModel) {
+  VIDIT_TOKENIZER_JSON_REFERENCE(dir);
+  const auto& umt5 = test::umt5_reference();
+  if (!umt5.skip.empty()) GTEST_SKIP() << umt5.skip;
+  ASSERT_TRUE(umt5.error.empty()) << umt5.error;
+  vidit::test::ScratchDir tmp("tokenizer_json_beside");
+  namespace fs = std::filesystem;
+  fs::create_directories(tmp / "pipe/tokenizer");
+  fs::create_directory_symlink(umt5.dir + "/pipe/text_encoder", tmp / "pipe/text_encoder");
+  fs::copy_file(dir + "/umt5/tokenizer.json", tmp / "pipe/tokenizer/tokenizer.json");
+  for (const std::string encoder : {tmp / "pipe", tmp / "pipe/text_encoder"}) {
+    TextEncoderOptions o;
+    o.encoder = encoder, o.text_len = 8, o.dtype = at::kFloat;
+    TextEncoder enc(o);
+    EXPECT_EQ(enc.encode({"a cat"}).sizes(), (at::IntArrayRef{1, 8, 64})) << encoder;
+  }
+}
 #endif
 
 }  // namespace

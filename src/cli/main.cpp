@@ -52,6 +52,7 @@
 #include "pipeline/wan_pipeline.h"
 #include "pipeline/image_condition.h"
 #include "pipeline/pipeline_export.h"
+#include "pipeline/release_sampling.h"
 #include "vision/image_file.h"
 #include "pipeline/sample_memory.h"
 #include "prepare/caption_store.h"
@@ -448,18 +449,24 @@ void check_output_writable(const std::string& out, bool one_file) {
               "); choose another -o/--out. Nothing was sampled");
 }
 
-int sample_wan(Config cfg, const SampleArgs& a) {
+int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sample_given) {
   WanWeights w;
   w.text_encoder = !a.text_encoder.empty() ? a.text_encoder : cfg.text.encoder;
   w.tokenizer = !a.tokenizer.empty() ? a.tokenizer : cfg.text.tokenizer;
   w.vae = !a.vae.empty() ? a.vae : cfg.data.vae_weights;
   w.image_encoder = !a.image_encoder.empty() ? a.image_encoder : cfg.data.image_encoder;
   TensorMap transformer;
-  std::string source;
+  std::string source, release_line;
   if (!a.weights.empty()) {
     w.fill_from(a.weights);
     cfg.model = read_transformer_config(w.transformer);  // the release's shape, whatever the config says
     source = w.transformer;
+    // The release's own solver and shift, and Wan's steps, guidance and frame rate for it, unless
+    // the config or --set names them (pipeline/release_sampling.h).
+    int64_t pixels = 832 * 480;
+    if (const auto x = a.size.find('x'); x != std::string::npos)
+      pixels = std::atoll(a.size.substr(0, x).c_str()) * std::atoll(a.size.substr(x + 1).c_str());
+    release_line = apply_release_sampling(cfg.sample, release_sampling(a.weights, cfg.model, pixels), sample_given);
   } else {
     std::string checkpoint = a.checkpoint;
     if (checkpoint.empty()) {
@@ -543,6 +550,7 @@ int sample_wan(Config cfg, const SampleArgs& a) {
   }
   const bool one_file = a.prompts.size() == 1 && a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".mp4";
   if (lead) check_output_writable(a.out, one_file);
+  if (lead && !release_line.empty()) std::printf("%s", release_line.c_str()), std::fflush(stdout);
   if (ranks.size() > 1) {
     std::string job = std::to_string(r.frames) + "x" + std::to_string(r.width) + "x" + std::to_string(r.height) + " seed " +
                       std::to_string(r.seed) + "\n" + r.negative_prompt;
@@ -581,7 +589,7 @@ int cmd_sample(const CommonOpts& o, const SampleArgs& a) {
   Config cfg = load_config(o.config, o.sets);
   // Wan sampling when a release, a text encoder or the Wan VAE's latents are involved.
   if (!a.weights.empty() || !a.text_encoder.empty() || !cfg.text.encoder.empty() || cfg.data.codec == Codec::wan_vae)
-    return sample_wan(cfg, a);
+    return sample_wan(cfg, a, sample_keys_given(o.config, o.sets));
   std::string checkpoint = a.checkpoint;
   if (checkpoint.empty()) {
     auto latest = latest_checkpoint(cfg.train.out_dir);

@@ -263,6 +263,10 @@ void set_aside_previous_run(const std::string& out_dir) {
 
 int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
   Config cfg = load_config(o.config, o.sets);
+  // Two experts train one at a time, each on its own noise levels (model/experts.h).
+  VIDIT_CHECK(cfg.model.boundary == 0 || cfg.train.expert != Expert::none, cfg.source, ": model.boundary = ",
+              cfg.model.boundary, " splits the model into two experts; set train.expert = \"high\" or \"low\" to "
+              "train one of them (a run of both at once would train one model on every noise level)");
   // Distributed: the launcher's environment says who we are; a mesh that cannot fit is refused
   // before MPI starts.
   const LaunchEnv env = detect_launch_env();
@@ -460,6 +464,7 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
   if (!a.weights.empty()) {
     w.fill_from(a.weights);
     cfg.model = read_transformer_config(w.transformer);  // the release's shape, whatever the config says
+    cfg.model.boundary = w.boundary;  // two experts (model/experts.h): where they split; 0 for one model
     source = w.transformer;
     // The release's own solver and shift, and Wan's steps, guidance and frame rate for it, unless
     // the config or --set names them (pipeline/release_sampling.h).
@@ -481,6 +486,9 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
     w.transformer = checkpoint;
   }
   w.require_all();
+  VIDIT_CHECK(cfg.model.boundary == 0 || !w.transformer_2.empty(), source, " is one expert of a two-expert model "
+              "(model.boundary = ", cfg.model.boundary, "): a video needs both; export the run into its release "
+              "(vidit export RUN OUT --pipeline RELEASE) and sample that with --weights OUT");
   VideoRequest r;
   r.frames = a.frames > 0 ? a.frames : 81;
   r.image = a.image, r.last_image = a.last_image;
@@ -732,7 +740,9 @@ int cmd_export(const std::string& format, const std::string& from, const std::st
                                  {"ss_network_module", "lora"},
                                  {"ss_network_dim", std::to_string(w.config.lora.rank)},
                                  {"ss_network_alpha", std::to_string(w.lora_scale * double(w.config.lora.rank))},
-                                 {"vidit_step", std::to_string(w.step)}});
+                                 {"vidit_step", std::to_string(w.step)},
+                                 // which expert of a two-expert model the adapters belong to ("none": one model)
+                                 {"vidit_expert", name_of(w.config.train.expert)}});
     std::filesystem::rename(tmp, out);
     std::printf("exported the LoRA adapters of %s (step %lld, %s; rank %lld, alpha %g, %zu projections) to %s\n",
                 w.checkpoint.c_str(), (long long)w.step, which, (long long)w.config.lora.rank,
@@ -742,13 +752,13 @@ int cmd_export(const std::string& format, const std::string& from, const std::st
   const uint64_t shard = uint64_t(shard_gb * 1e9);
   if (!pipeline.empty()) {
     VIDIT_CHECK(format == "diffusers", "vidit export --pipeline writes diffusers' pipeline layout; drop --format ", format);
-    const PipelineExport p = write_diffusers_pipeline(w.weights, w.config.model, pipeline, out, shard);
+    const PipelineExport p = write_diffusers_pipeline(w.weights, w.config.model, pipeline, out, shard, w.config.train.expert);
     std::string parts;
     for (const auto& c : p.components) parts += (parts.empty() ? "" : ", ") + c;
-    std::printf("exported %s (step %lld, %s weights%s) to %s as a %s: transformer/ written, %s from %s "
+    std::printf("exported %s (step %lld, %s weights%s) to %s as a %s: %s/ written, %s from %s "
                 "(%lld files hard-linked, %.3g GB; %lld copied, %.3g GB)\n",
                 w.checkpoint.c_str(), (long long)w.step, which, w.adapters.empty() ? "" : ", LoRA merged onto its base",
-                out.c_str(), p.pipeline_class.c_str(), parts.c_str(), pipeline.c_str(), (long long)p.linked_files,
+                out.c_str(), p.pipeline_class.c_str(), p.transformer.c_str(), parts.c_str(), pipeline.c_str(), (long long)p.linked_files,
                 double(p.linked_bytes) / 1e9, (long long)p.copied_files, double(p.copied_bytes) / 1e9);
     return 0;
   }

@@ -361,6 +361,12 @@ void validate_config(const Config& c) {
   VIDIT_CHECK(m.condition == FrameCondition::none || c.data.source == DataSource::cache, f, ": model.condition = \"",
               name_of(m.condition), "\" trains from a latent cache that holds each clip's condition frames: set "
               "data.source = \"cache\" and prepare it with this config (vidit prepare)");
+  VIDIT_CHECK(c.train.expert == Expert::none || m.boundary > 0, f, ": train.expert = \"", name_of(c.train.expert),
+              "\" trains one expert of a two-expert model, but model.boundary = 0 (one model): set model.boundary "
+              "to the release's boundary_ratio (Wan 2.2: 0.875 text-to-video, 0.9 image-to-video) or drop train.expert");
+  VIDIT_CHECK(c.train.expert == Expert::none || c.sample.every == 0, f, ": sample.every with train.expert = \"",
+              name_of(c.train.expert), "\": a video needs both experts; export the run into its release "
+              "(vidit export RUN OUT --pipeline RELEASE) and sample that");
   const auto& d = c.data;
   VIDIT_CHECK(d.source != DataSource::cache || !d.cache_dir.empty(), f,
               ": data.source = \"cache\" needs data.cache_dir (the folder `vidit prepare` wrote)");

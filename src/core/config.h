@@ -40,6 +40,9 @@ VIDIT_CONFIG_ENUM(DataSource, demo, synthetic, cache)
 // model.condition: text only, or the frames an image-to-video model is conditioned on
 // (diffusion/frame_condition.h).
 VIDIT_CONFIG_ENUM(FrameCondition, none, first_frame, first_last_frame)
+// train.expert: which expert of a two-expert model (model.boundary > 0) a run trains, by noise
+// level (model/experts.h); none: a one-model run.
+VIDIT_CONFIG_ENUM(Expert, none, high, low)
 // data.codec: the lossless demo codec, or the Wan 2.1 VAE.
 VIDIT_CONFIG_ENUM(Codec, demo, wan_vae)
 // data.text_encoder: the built-in caption embedder, or files the manifest names.
@@ -117,7 +120,11 @@ using StrList = std::vector<std::string>;
   KEY(FrameCondition, condition, FrameCondition::none, any,                                            \
       "image-to-video: the frames given as a condition, \"first_frame\" (Wan I2V) or \"first_last_frame\" " \
       "(FLF2V); the model then takes in_channels = 2 * out_channels + 4: the noisy latent, a mask of "  \
-      "the given frames at the VAE's 4-frame stride, and the latent of those frames with zeros between")
+      "the given frames at the VAE's 4-frame stride, and the latent of those frames with zeros between") \
+  KEY(double, boundary, 0.0, below_one,                                                                \
+      "two experts split by noise level (Wan 2.2 A14B): the noise level sigma (timestep / 1000, after the " \
+      "shift) at and above which the high-noise expert runs, the low-noise one below it (Wan 2.2: 0.875 "  \
+      "text-to-video, 0.9 image-to-video; a release's boundary_ratio); 0 = one model (model/experts.h)")
 
 #define VIDIT_DATA_KEYS(KEY)                                                                           \
   KEY(DataSource, source, DataSource::demo, any,                                                       \
@@ -290,7 +297,11 @@ using StrList = std::vector<std::string>;
       "annotations; ui.perfetto.dev), and the time by category (matmul, attention, elementwise, "       \
       "communication, idle) in the log and profile/summary_rank<R>.json (diagnose/profile.h)")         \
   KEY(std::string, init_from, "", any,                                                                 \
-      "weights to start from: a .safetensors file or a folder of shards (e.g. Wan 2.1); \"\" = random init")
+      "weights to start from: a .safetensors file or a folder of shards (e.g. Wan 2.1); \"\" = random init") \
+  KEY(Expert, expert, Expert::none, any,                                                               \
+      "two-expert models (model.boundary > 0): \"high\" trains the high-noise expert on the noise levels " \
+      "at and above the boundary only, \"low\" the low-noise one below it (from a two-expert release in "  \
+      "train.init_from, that expert's weights); \"none\": a one-model run")
 
 // [checkpoint]: when saves come, how they are written, how many are kept (checkpoint/checkpointer.h).
 // (Read from the train.ckpt_* / train.keep_* keys of older configs too, with a warning.)
@@ -331,6 +342,9 @@ using StrList = std::vector<std::string>;
   KEY(int64_t, count, 4, positive, "with sample.prompts empty: how many of the cache's captions to sample") \
   KEY(Precision, dtype, Precision::fp32, fp32_or_bf16,                                                 \
       "the DiT's weights while sampling: \"fp32\", or \"bf16\" (half the memory; the compute is bf16 autocast either way on a GPU, and on the CPU too with bf16)") \
+  KEY(double, cfg_scale_2, 0.0, non_negative,                                                          \
+      "two-expert models: the low-noise expert's guidance scale (Wan 2.2 T2V A14B: 3.0 beside cfg_scale 4.0); " \
+      "0 = sample.cfg_scale")                                                                           \
   KEY(bool, cfg_parallel, true, any,                                                                   \
       "sampling on an even number of ranks with guidance: the prompt's and the negative prompt's passes on two halves of the ranks (pipeline/sampling_ranks.h)")
 

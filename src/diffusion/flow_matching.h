@@ -16,6 +16,18 @@ at::Tensor shift_sigma(const at::Tensor& sigma, double shift);
 // B sigmas in (0, 1) per the config's distribution and shift, drawn from `gen`.
 at::Tensor sample_sigmas(int64_t B, const DiffusionConfig& cfg, at::Generator& gen);
 
+// The noise levels one expert of a two-expert model serves (model/experts.h): [boundary, 1) for
+// the high-noise expert, [0, boundary) for the low-noise one, [0, 1) for a one-model run.
+struct SigmaRange {
+  double lo = 0, hi = 1;
+};
+SigmaRange sigma_range(Expert expert, double boundary);
+// The same distribution cut to `range` (sigma after the shift, as the sampler's timesteps):
+// exactly the conditional distribution, drawn by its inverse CDF from one uniform number per
+// sample (the shift and the sigmoid are monotone, so the cut maps to a cut of the uniform or
+// normal draw). The whole range [0, 1) draws as sample_sigmas does, the same numbers.
+at::Tensor sample_sigmas(int64_t B, const DiffusionConfig& cfg, at::Generator& gen, SigmaRange range);
+
 struct FlowSample {
   at::Tensor x_t;       // noisy latents, like x0
   at::Tensor target;    // eps - x0

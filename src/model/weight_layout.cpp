@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -479,6 +480,7 @@ WeightFiles find_transformer_weights(const std::string& path) {
   if (all_prefixed(names))
     for (auto& n : names) n = n.substr(kComfyPrefix.size());
   w.layout = layout_of_names(names, path);
+  w.names = std::move(names);
   const fs::path config = fs::path(w.dir) / "config.json";
   if (fs::exists(config)) w.config = config.string();
   return w;
@@ -629,7 +631,15 @@ ModelConfig read_transformer_config(const std::string& path) {
   const std::string cls = j.contains("_class_name") && j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : "";
   if (cls == "WanTransformer3DModel" || (cls.empty() && j.contains("num_attention_heads")))
     return model_config_from_diffusers(w.config);
-  if (cls == "WanModel" || (cls.empty() && j.contains("num_heads"))) return model_config_from_wan(w.config);
+  if (cls == "WanModel" || (cls.empty() && j.contains("num_heads"))) {
+    ModelConfig m = model_config_from_wan(w.config);
+    // Wan 2.2's image-to-video experts say model_type "i2v" but attend to no CLIP features.
+    const bool clip = std::any_of(w.names.begin(), w.names.end(), [](const std::string& n) {
+      return n.rfind("img_emb.", 0) == 0;
+    });
+    if (m.image_dim > 0 && !clip) m.image_dim = 0, m.image_pos_tokens = 0;
+    return m;
+  }
   fail("config '", w.config, "' describes a '", cls, "', neither diffusers' WanTransformer3DModel nor Wan's WanModel");
 }
 

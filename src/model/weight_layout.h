@@ -69,6 +69,7 @@ struct WeightFiles {
   std::string index;               // the index json that lists them, or ""
   std::string config;              // config.json beside them, or ""
   WeightLayout layout = WeightLayout::wan;  // judged by the tensor names (file headers / index)
+  std::vector<std::string> names;  // the tensors' names as stored (a ComfyUI prefix dropped)
 };
 // Throws vidit::Error naming the path when nothing usable is found (no such path, no safetensors
 // file, a pipeline root without transformer/), an index that does not parse, or mixed names.
@@ -99,8 +100,9 @@ ModelConfig model_config_from_diffusers(const std::string& config_json);
 // Our ModelConfig from an official Wan config.json (WanModel: dim, ffn_dim, freq_dim, in_dim,
 // out_dim, num_heads, num_layers, text_len, eps, patch_size, text_dim), rope_theta = 10000;
 // model_type "i2v" has CLIP features of width 1280 (image_dim), "flf2v" also a position embedding
-// over two images' 514 tokens. Throws for another model_type, windowed attention, or qk_norm /
-// cross_attn_norm off.
+// over two images' 514 tokens (Wan 2.2's "i2v" experts have no CLIP: read_transformer_config
+// drops image_dim where the weights hold no img_emb). Throws for another model_type, windowed
+// attention, or qk_norm / cross_attn_norm off.
 ModelConfig model_config_from_wan(const std::string& config_json);
 // The config.json that describes a weights path (see find_transformer_weights), read by its
 // _class_name (WanTransformer3DModel or WanModel). Throws when there is none.

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "model/experts.h"
 #include "model/weight_layout.h"
 
 namespace vidit {
@@ -61,7 +62,7 @@ std::string pipeline_class_for(const ModelConfig& m) {
 }
 
 PipelineExport write_diffusers_pipeline(const TensorStream& official, const ModelConfig& m, const std::string& release,
-                                        const std::string& out, uint64_t max_shard_bytes) {
+                                        const std::string& out, uint64_t max_shard_bytes, Expert expert) {
   const fs::path base(release), index_path = base / "model_index.json";
   VIDIT_CHECK(fs::is_regular_file(index_path), "--pipeline '", release, "' has no model_index.json: give a release in "
               "diffusers' layout (a folder WanPipeline.from_pretrained opens) whose components go with the model");
@@ -76,11 +77,20 @@ PipelineExport write_diffusers_pipeline(const TensorStream& official, const Mode
                         std::to_string(m.in_channels) + " input channels)"
                   : "is text-to-video (" + std::to_string(m.in_channels) + " input channels)",
               ", whose release is a ", wanted, "; give a ", wanted, " release");
-  VIDIT_CHECK(!index.contains("transformer_2") || !names_a_component(index["transformer_2"]), "--pipeline '", release,
-              "' has two transformers (transformer_2, a two-expert Wan 2.2 release); vidit exports one transformer "
-              "into a one-transformer release");
-  if (fs::exists(base / "transformer" / "config.json")) {
-    const ModelConfig r = read_transformer_config((base / "transformer").string());
+  const std::optional<ExpertRelease> experts = find_experts(release);
+  VIDIT_CHECK(experts || expert == Expert::none, "--pipeline '", release, "' holds one transformer, but the run "
+              "trained the ", name_of(expert), "-noise expert of a two-expert model (train.expert); give the "
+              "two-expert release it was trained from");
+  VIDIT_CHECK(!experts || expert != Expert::none, "--pipeline '", release, "' holds two experts (transformer/ and "
+              "transformer_2/), but the run trained one model (train.expert = \"none\"); give a one-transformer "
+              "release");
+  if (experts) {
+    VIDIT_CHECK(experts->boundary == m.boundary, "--pipeline '", release, "' splits its experts at ", experts->boundary,
+                " but the run's model.boundary is ", m.boundary, ": its expert was trained for other noise levels");
+    report.transformer = expert == Expert::high ? "transformer" : "transformer_2";
+  }
+  if (fs::exists(base / report.transformer / "config.json")) {
+    const ModelConfig r = read_transformer_config((base / report.transformer).string());
     auto same = [&](const char* key, int64_t ours, int64_t theirs, const char* part) {
       VIDIT_CHECK(ours == theirs, "--pipeline '", release, "': its transformer has ", key, " = ", theirs,
                   " but the checkpoint's model has ", ours, ", so its ", part, " does not go with this model; give "
@@ -98,7 +108,7 @@ PipelineExport write_diffusers_pipeline(const TensorStream& official, const Mode
               "--pipeline '", release, "' has no image_encoder, but the model attends to CLIP features (model.image_dim"
               " = ", m.image_dim, ")");
   for (const auto& [name, value] : index.items()) {
-    if (name == "transformer" || !names_a_component(value)) continue;
+    if (name == report.transformer || !names_a_component(value)) continue;
     VIDIT_CHECK(fs::is_directory(base / name), "--pipeline '", release, "': model_index.json names the component '",
                 name, "' but there is no ", name, "/ folder");
     report.components.push_back(name);
@@ -114,9 +124,9 @@ PipelineExport write_diffusers_pipeline(const TensorStream& official, const Mode
     if (!target.parent_path().empty()) fs::create_directories(target.parent_path());
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    write_diffusers_transformer(official, m, (tmp / "transformer").string(), max_shard_bytes);
+    write_diffusers_transformer(official, m, (tmp / report.transformer).string(), max_shard_bytes);
     for (const std::string& part : report.components) link_tree(base / part, tmp / part, report);
-    index["transformer"] = json::array({"diffusers", "WanTransformer3DModel"});
+    index[report.transformer] = json::array({"diffusers", "WanTransformer3DModel"});
     write_file_atomic((tmp / "model_index.json").string(), index.dump(2) + "\n");
     if (fs::exists(target)) fs::remove(target);  // empty (checked above)
     fs::rename(tmp, target);

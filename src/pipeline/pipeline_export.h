@@ -22,6 +22,7 @@ namespace vidit {
 
 struct PipelineExport {
   std::string pipeline_class;           // model_index.json's _class_name
+  std::string transformer = "transformer";  // the folder written from the checkpoint
   std::vector<std::string> components;  // taken from the release, in model_index.json's order
   int64_t linked_files = 0, copied_files = 0;
   uint64_t linked_bytes = 0, copied_bytes = 0;
@@ -32,9 +33,13 @@ struct PipelineExport {
 std::string pipeline_class_for(const ModelConfig& m);
 
 // Writes `out` (which must not exist, or be empty) as described above; `official`: the
-// transformer's weights under official names. Throws vidit::Error naming the release, the key or
-// the setting that does not fit, before anything is written.
+// transformer's weights under official names. A two-expert release (model/experts.h) takes the
+// run's expert (`expert`: the run's train.expert) into its own folder, transformer/ for the
+// high-noise expert or transformer_2/ for the low-noise one, and links the other: the runs of both
+// experts, exported one after the other (the second with the first's output as the release),
+// make a release. Throws vidit::Error naming the release, the key or the setting that does not
+// fit, before anything is written.
 PipelineExport write_diffusers_pipeline(const TensorStream& official, const ModelConfig& m, const std::string& release,
-                                        const std::string& out, uint64_t max_shard_bytes);
+                                        const std::string& out, uint64_t max_shard_bytes, Expert expert = Expert::none);
 
 }  // namespace vidit

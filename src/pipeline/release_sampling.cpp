@@ -30,6 +30,13 @@ ReleaseSampling release_sampling(const std::string& root, const ModelConfig& m, 
   r.model = std::string("Wan 2.1 ") + (flf ? "first-and-last-frame" : i2v ? "image-to-video" : "text-to-video");
   r.steps = i2v ? 40 : 50;
   r.shift = flf ? 16.0 : i2v && pixels <= 832 * 480 ? 3.0 : 5.0;
+  if (m.boundary > 0) {  // Wan 2.2 A14B: two experts
+    r.model = std::string("Wan 2.2 ") + (i2v ? "image" : "text") + "-to-video A14B (two experts)";
+    r.steps = 40;
+    r.shift = i2v ? 5.0 : 12.0;
+    r.cfg_scale = i2v ? 3.5 : 4.0;
+    r.cfg_scale_2 = i2v ? 3.5 : 3.0;
+  }
   const fs::path file = fs::path(root) / "scheduler" / "scheduler_config.json";
   if (!fs::is_regular_file(file)) return r;
   json c;
@@ -94,6 +101,8 @@ std::string apply_release_sampling(SampleConfig& s, const ReleaseSampling& r, co
   take("shift", s.shift, r.shift, "shift " + number(r.shift), sch);
   take("steps", s.steps, r.steps, std::to_string(r.steps) + " steps", false);
   take("cfg_scale", s.cfg_scale, r.cfg_scale, "guidance " + number(r.cfg_scale), false);
+  if (r.cfg_scale_2 > 0)
+    take("cfg_scale_2", s.cfg_scale_2, r.cfg_scale_2, "low-noise guidance " + number(r.cfg_scale_2), false);
   take("fps", s.fps, r.fps, number(r.fps) + " fps", false);
   auto join = [](const std::vector<std::string>& v) {
     std::string out;

@@ -6,8 +6,10 @@
 //
 // Wan's defaults (Wan 2.1's generate.py and configs): UniPC, 50 steps (40 for image-to-video),
 // guidance 5, 16 fps; shift 5.0, but 3.0 for image-to-video at 480p's area or below and 16 for
-// first-and-last-frame. An official-layout release has no scheduler config: its shift is then
-// Wan's default too.
+// first-and-last-frame. Wan 2.2's two-expert models (model.boundary > 0; its configs): 40 steps,
+// 16 fps; text-to-video guidance 4.0 (high-noise expert) and 3.0 (low-noise, sample.cfg_scale_2),
+// shift 12.0; image-to-video 3.5 and 3.5, shift 5.0. An official-layout release has no scheduler
+// config: its shift is then Wan's default too (diffusers' conversions ship their own).
 #pragma once
 #include <cstdint>
 #include <set>
@@ -24,6 +26,7 @@ struct ReleaseSampling {
   double shift = 5.0;
   int64_t steps = 50;
   double cfg_scale = 5.0;
+  double cfg_scale_2 = 0;  // the low-noise expert's, for two experts; 0: none
   double fps = 16.0;
   std::string scheduler;  // the scheduler config the solver and shift came from; "" when Wan's defaults
 };

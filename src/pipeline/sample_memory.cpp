@@ -458,6 +458,9 @@ std::string format_sample_memory(const SampleMemoryInputs& in, const SampleMemor
                   (long long)in.shard, (long long)in.tensor);
     os << line;
   }
+  if (in.model.boundary > 0)
+    os << "  two experts (model.boundary " << in.model.boundary << "): one resident at a time, the low-noise expert "
+          "built when the high-noise one is freed at the boundary; the denoise weights above are one expert's\n";
   os << (!in.guidance ? "  no guidance (sample.cfg_scale = 1): batch 1\n"
          : in.halves  ? "  guidance on two halves of the ranks: batch 1 on each\n"
                       : "  guidance: both branches in one batch-2 call, so the DiT's activations are twice one branch's\n");

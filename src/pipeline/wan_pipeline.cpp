@@ -21,6 +21,7 @@
 #include "model/state_dict.h"
 #include "model/weight_layout.h"
 #include "pipeline/image_condition.h"
+#include "model/experts.h"
 #include "text/text_encoder.h"
 #include "vae/vae_layout.h"
 #include "vae/wan_vae.h"
@@ -75,7 +76,11 @@ void WanWeights::fill_from(const std::string& root_path) {
   if (root_path.empty()) return;
   const fs::path root(root_path);
   VIDIT_CHECK(fs::is_directory(root), "weights '", root_path, "' is not a folder: give a diffusers pipeline folder "
-              "(model_index.json) or an official Wan 2.1 release folder");
+              "(model_index.json) or an official Wan 2.1 / 2.2 release folder");
+  // Two experts split by noise level (Wan 2.2 A14B, either layout): both, and their boundary.
+  if (const std::optional<ExpertRelease> e = find_experts(root_path)) {
+    if (transformer.empty()) transformer = e->high, transformer_2 = e->low, boundary = e->boundary;
+  }
   if (fs::exists(root / "model_index.json")) {  // diffusers pipeline
     if (transformer.empty()) transformer = root.string();
     if (text_encoder.empty() && fs::is_directory(root / "text_encoder")) text_encoder = (root / "text_encoder").string();
@@ -155,7 +160,8 @@ void hold_projections_in(DiTImpl& model, at::ScalarType dtype) {
 
 at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std::string& source, const at::Tensor& context,
                            const at::Tensor& negative, const at::Tensor& noise, at::Device device,
-                           const SamplingRanks* ranks, bool verbose, const ImageCondition& condition) {
+                           const SamplingRanks* ranks, bool verbose, const ImageCondition& condition,
+                           const Expert2Weights& low) {
   c10::InferenceMode inference;
   VIDIT_CHECK(condition.defined() == (cfg.model.condition != FrameCondition::none),
               condition.defined() ? "a frame condition was given to a text-to-video model (model.condition = \"none\")"
@@ -166,27 +172,42 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
   const bool many = ranks && ranks->size() > 1;
   verbose = verbose && (!ranks || ranks->lead());
   const at::ScalarType weight_dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
-  DiT model = dit_without_storage(cfg.model, device);  // filled on the device, a tensor at a time
-  std::unique_ptr<ParallelModel> pm;
-  if (!many) {
-    hold_projections_in(*model, weight_dtype);
-    load_state_dict(*model, whole, source);
-  } else {
-    const bool sharded = ranks->mesh_config.parallel.shard > 1;
-    if (!sharded) hold_projections_in(*model, weight_dtype);  // FSDP's shards stay fp32 (1/S each)
-    pm = parallelize(model, ranks->mesh, ranks->mesh_config);
-    check_state_dict(pm->whole_shapes(), whole, source);
-    torch::NoGradGuard ng;
-    for (const auto& [name, p] : pm->params()) {
-      allocate(p);
-      p.copy_(pm->local(name, whole.at(name)));
+  const bool two = cfg.model.boundary > 0;
+  VIDIT_CHECK(two == !low.weights.empty(), two ? "a two-expert model (model.boundary > 0) needs its low-noise expert's "
+              "weights (a release's transformer_2/ or low_noise_model/)" : "a low-noise expert was given to a one-model "
+              "run (model.boundary = 0)");
+  // The DiT on the device from `weights`, filled a tensor at a time (on many ranks: this rank's
+  // part of it, on its mesh).
+  struct Resident {
+    DiT model{nullptr};
+    std::unique_ptr<ParallelModel> pm;
+  };
+  auto build = [&](const TensorMap& weights, const std::string& from) {
+    Resident r;
+    r.model = dit_without_storage(cfg.model, device);
+    if (!many) {
+      hold_projections_in(*r.model, weight_dtype);
+      load_state_dict(*r.model, weights, from);
+    } else {
+      const bool sharded = ranks->mesh_config.parallel.shard > 1;
+      if (!sharded) hold_projections_in(*r.model, weight_dtype);  // FSDP's shards stay fp32 (1/S each)
+      r.pm = parallelize(r.model, ranks->mesh, ranks->mesh_config);
+      check_state_dict(r.pm->whole_shapes(), weights, from);
+      torch::NoGradGuard ng;
+      for (const auto& [name, p] : r.pm->params()) {
+        allocate(p);
+        p.copy_(r.pm->local(name, weights.at(name)));
+      }
     }
-  }
-  // Nothing here trains: parameters that require no gradient are not kept as cast copies by
-  // autocast (it caches only those that do), so a forward holds one projection's bf16 cast at a
-  // time instead of a bf16 copy of the whole model.
-  for (auto& p : model->parameters()) p.requires_grad_(false);
-  model->eval();
+    // Nothing here trains: parameters that require no gradient are not kept as cast copies by
+    // autocast (it caches only those that do), so a forward holds one projection's bf16 cast at a
+    // time instead of a bf16 copy of the whole model.
+    for (auto& p : r.model->parameters()) p.requires_grad_(false);
+    r.model->eval();
+    return r;
+  };
+  Resident resident = build(whole, source);
+  bool on_low = false;
   // Step i/N with rate and time left: guidance evaluates both branches in one call (or one on
   // each half of the ranks), so one call is one step.
   Progress::Options po;
@@ -197,27 +218,48 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
   Progress progress(po);
   const bool autocast_bf16 = device.is_cuda() || weight_dtype == at::kBFloat16;
   const bool halves = many && ranks->halves;
-  auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
-    at::Tensor v;
-    {
-      AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
-      const at::Tensor img = image.defined() ? image.expand({x.size(0), -1, -1}) : image;
-      v = model->forward(with_frame_condition(x, frames), t, txt, img).to(at::kFloat);
+  auto model_field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+    AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
+    const at::Tensor img = image.defined() ? image.expand({x.size(0), -1, -1}) : image;
+    return resident.model->forward(with_frame_condition(x, frames), t, txt, img).to(at::kFloat);
+  };
+  // Two experts: the expert and its guidance for this step's timestep (diffusers' rule).
+  const double boundary_t = cfg.model.boundary * 1000.0;
+  // Guidance on or off for both experts by sample.cfg_scale, as everywhere else (the ranks' halves,
+  // the memory plan); the low-noise expert's own scale where it is on.
+  const double low_scale = cfg.sample.cfg_scale == 1.0 ? 1.0
+                           : cfg.sample.cfg_scale_2 > 0 ? cfg.sample.cfg_scale_2 : cfg.sample.cfg_scale;
+  auto scale_for = [&](const at::Tensor& t) {
+    if (!two) return cfg.sample.cfg_scale;
+    if (!on_low && t.flatten()[0].item<double>() < boundary_t) {
+      if (resident.pm) resident.pm->after_forward_only();
+      resident = Resident{};  // the high-noise expert freed before the low-noise one is built
+      resident = build(low.weights, low.source);
+      on_low = true;
+      if (verbose) std::printf("[sample] the low-noise expert from step %lld (timestep below %g)\n",
+                               (long long)progress.snapshot().done + 1, boundary_t), std::fflush(stdout);
     }
-    if (halves) v = combine_guidance(*ranks, v, cfg.sample.cfg_scale);
+    return on_low ? low_scale : cfg.sample.cfg_scale;
+  };
+  const at::Tensor negative_on = negative.to(device);
+  auto field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
+    const double scale = scale_for(t);
+    at::Tensor v;
+    if (halves) v = combine_guidance(*ranks, model_field(x, t, txt), scale);
+    else if (two) v = guided_velocity(model_field, x, t, txt, negative_on, scale);  // the sampler's own guidance off
+    else v = model_field(x, t, txt);
     progress.advance();  // on a GPU the launch queue fills within a step, so the rate is right after one
     return v;
   };
   at::Tensor lat;
+  SampleConfig one = cfg.sample;
+  if (halves || two) one.cfg_scale = 1.0;  // guidance is applied in the field
   if (halves) {  // this half's text; the field combines the two halves' velocities itself
-    SampleConfig one = cfg.sample;
-    one.cfg_scale = 1.0;
-    lat = sample_latents(field, noise.to(device), (ranks->branch == 0 ? context : negative).to(device),
-                         negative.to(device), one);
+    lat = sample_latents(field, noise.to(device), (ranks->branch == 0 ? context : negative).to(device), negative_on, one);
   } else {
-    lat = sample_latents(field, noise.to(device), context.to(device), negative.to(device), cfg.sample);
+    lat = sample_latents(field, noise.to(device), context.to(device), negative_on, one);
   }
-  if (pm) pm->after_forward_only();
+  if (resident.pm) resident.pm->after_forward_only();
   progress.finish();
   return lat;
 }
@@ -280,9 +322,17 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     PhaseMeter meter("denoise", device);
     at::Tensor noise = at::randn(latent_shape(request, cfg.model),
                                  at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
-    const TensorMap whole = transformer_weights(weights, transformer);
+    // Two experts: both mapped (each read as its device copy is filled, one at a time).
+    const bool two = cfg.model.boundary > 0;
+    VIDIT_CHECK(!two || (!weights.transformer_2.empty() && transformer.empty()), "a two-expert model (model.boundary = ",
+                cfg.model.boundary, ") samples from a release holding both experts: give --weights RELEASE");
+    std::vector<std::shared_ptr<const MappedFile>> mapped;
+    const TensorMap whole = two ? read_transformer_weights(weights.transformer, &mapped)
+                                : transformer_weights(weights, transformer);
+    Expert2Weights low;
+    if (two) low.weights = read_transformer_weights(weights.transformer_2, &mapped), low.source = weights.transformer_2;
     at::Tensor lat = denoise_latents(cfg, whole, transformer.empty() ? weights.transformer : "the given transformer weights",
-                                     context, negative, noise, device, ranks, verbose, condition);
+                                     context, negative, noise, device, ranks, verbose, condition, low);
     out.latents = lat.to(at::kCPU, at::kFloat);
     out.phases.push_back(meter.done());
   }

@@ -37,6 +37,10 @@ inline constexpr const char* kWanNegativePrompt =
 
 struct WanWeights {
   std::string transformer;   // weights path (model/weight_layout.h: either layout); "" if tensors given
+  // A two-expert release (model/experts.h): `transformer` is the high-noise expert, this the
+  // low-noise one, split at `boundary`; "" and 0 for one model.
+  std::string transformer_2;
+  double boundary = 0;
   std::string text_encoder;  // umT5: text_encoder folder, pipeline root or weight file
   std::string tokenizer;     // spiece.model or its folder; "" = beside text_encoder
   std::string vae;           // Wan 2.1 VAE: .safetensors (either layout) or folder (vae/vae_layout.h)
@@ -102,6 +106,12 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
                            at::Device device, const TensorMap& transformer = {}, bool verbose = true,
                            const SamplingRanks* ranks = nullptr);
 
+// The low-noise expert of a two-expert model, for denoise_latents.
+struct Expert2Weights {
+  TensorMap weights;   // official names; empty for a one-model run
+  std::string source;  // names them in errors
+};
+
 // The denoise phase alone: the DiT of cfg.model with the weights `whole` (official names, e.g.
 // mapped from a file; `source` names them in errors), on this rank's share of the ranks as above,
 // from `noise` [1, C, T', h, w] with the prompt's `context` and the `negative` one, each
@@ -109,10 +119,17 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
 // the text and the decode, and what bench/bench_sample_ranks.cpp times. An image-to-video model
 // (model.condition) needs `condition`: its frames are appended to the noisy latent at every step,
 // and its image features attended by both guidance branches (only the text differs between them).
+//
+// Two experts (model.boundary > 0, model/experts.h): `whole` is the high-noise expert's, `low`
+// the low-noise one's. Each step's timestep t picks the expert as diffusers'
+// WanPipeline does (t >= boundary x 1000: high), with its own guidance scale (sample.cfg_scale,
+// sample.cfg_scale_2 for the low-noise one); one expert is held at a time: the noise level only
+// falls, so at the first step below the boundary the high-noise expert is freed and the low-noise
+// one built from its weights (mapped files: read as the device copy is filled).
 at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std::string& source, const at::Tensor& context,
                            const at::Tensor& negative, const at::Tensor& noise, at::Device device,
                            const SamplingRanks* ranks = nullptr, bool verbose = false,
-                           const ImageCondition& condition = {});
+                           const ImageCondition& condition = {}, const Expert2Weights& low = {});
 
 // Writes result.frames to `path` as an H.264 MP4 at `fps`.
 void write_video(const std::string& path, const at::Tensor& frames, double fps);

@@ -7,6 +7,7 @@
 #include "core/mapped_file.h"
 #include "core/unallocated.h"
 #include "model/dit.h"
+#include "model/experts.h"
 #include "model/init.h"
 #include "model/lora.h"
 #include "model/state_dict.h"
@@ -101,7 +102,9 @@ CheckpointStream open_checkpoint_weights(const std::string& from, bool use_ema) 
     VIDIT_CHECK(fs::exists(base), w.checkpoint, " is a LoRA run on the base weights '", base,
                 "' (its train.init_from), which are no longer there: put them back, or edit train.init_from in ",
                 w.checkpoint, "/meta.json's config to where they are now");
-    base_weights = is_vidit_checkpoint_path(base) ? open_checkpoint_weights(base).weights : release_stream(base);
+    // A two-expert release: the run's own expert (model/experts.h).
+    base_weights = is_vidit_checkpoint_path(base) ? open_checkpoint_weights(base).weights
+                                                  : release_stream(expert_init_path(w.config));
   }
   w.weights = with_adapters(base_weights, w.adapters, w.lora_scale);
   return w;
@@ -138,7 +141,7 @@ int64_t InitWeights::read_bytes() const {
 
 InitWeights open_init_weights(const Config& cfg) {
   InitWeights w;
-  w.from = cfg.train.init_from;
+  w.from = expert_init_path(cfg);  // with train.expert and a two-expert release: that expert's folder
   // A release's config.json, when there is one, must agree with the run's model on what the
   // weights cannot show (their shapes are checked by name when they are loaded): RoPE's base and
   // the text length. A vidit run or checkpoint gives its EMA weights (a LoRA run's merged onto its base).

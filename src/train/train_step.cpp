@@ -70,7 +70,9 @@ StepResult Trainer::step() {
     if (mb.latent_std.defined())
       x0 = x0 + mb.latent_std.to(at::kFloat) * rows(at::randn(global_shape, gen_, at::kFloat));
     // Flow matching: sigma per sample, x_t = (1 - sigma) x0 + sigma eps, target eps - x0.
-    at::Tensor sigma = rows(sample_sigmas(global, cfg_.diffusion, gen_));
+    // One expert of a two-expert model: only the noise levels it serves (model/experts.h).
+    const SigmaRange served = sigma_range(cfg_.train.expert, cfg_.model.boundary);
+    at::Tensor sigma = rows(sample_sigmas(global, cfg_.diffusion, gen_, served));
     at::Tensor noise = rows(at::randn(global_shape, gen_, at::kFloat));
     at::Tensor text = drop_text(mb.texts, null_text_, rows(sample_text_keep(global, cfg_.diffusion.text_drop_prob, gen_)));
     if (B > 0) {

@@ -46,10 +46,11 @@ def die(msg, code):
 
 try:
     import torch
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
     from diffusers.utils import load_image
     from safetensors.torch import save_file
     from transformers import CLIPVisionConfig, CLIPVisionModel
+    from small_wan_parts import prompt_pair, randomize, small_vae
 except ImportError as e:  # the C++ test skips on this status
     die(f"cannot import the reference packages: {e}", 3)
 try:  # transformers 5: the PIL implementation has its own name (CLIPImageProcessor uses torchvision)
@@ -61,23 +62,9 @@ FRAMES, HEIGHT, WIDTH, STEPS, SHIFT, GUIDANCE = 9, 32, 48, 3, 3.0, 5.0
 TEXT_LEN, TEXT_DIM, IMAGE_DIM, IMAGE_TOKENS = 512, 32, 48, 5
 
 
-def randomize(module, scale):
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("gamma"):
-                p.normal_(1.0, 0.2)
-            elif p.dim() > 1:
-                p.normal_(0.0, scale * (1.0 / (p.numel() // p.shape[0])) ** 0.5)
-            else:
-                p.normal_(0.0, 0.1)
-
-
 def make(out, image_path, last_path=None):
     out = Path(out)
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                           temperal_downsample=[False, True, True]).eval()
-    randomize(vae, 1.0)
+    vae = small_vae()
     extra = {"pos_embed_seq_len": 2 * IMAGE_TOKENS} if last_path else {}
     transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
                                         in_channels=36, out_channels=16, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
@@ -105,10 +92,7 @@ def make(out, image_path, last_path=None):
         with_kwargs=True)
 
     g = torch.Generator().manual_seed(1)
-    prompt = torch.zeros(1, TEXT_LEN, TEXT_DIM)
-    prompt[:, :7] = torch.randn(1, 7, TEXT_DIM, generator=g)
-    negative = torch.zeros(1, TEXT_LEN, TEXT_DIM)
-    negative[:, :3] = torch.randn(1, 3, TEXT_DIM, generator=g)
+    prompt, negative = prompt_pair(g, TEXT_LEN, TEXT_DIM)
     noise = torch.randn(1, 16, (FRAMES - 1) // 4 + 1, HEIGHT // 8, WIDTH // 8, generator=g)
 
     image = load_image(image_path)

@@ -669,7 +669,8 @@ int cmd_prepare(const CommonOpts& o, int worker, int workers, bool merge_only, b
                 "data.text_encoder = \"precomputed\" reads embedding files; keep one of the two");
     Manifest m = read_manifest(cfg.data.manifest);
     std::vector<std::string> texts;
-    for (size_t i = size_t(w); i < m.entries.size(); i += size_t(n)) texts.push_back(m.entries[i].caption);
+    for (size_t i = 0; i < m.entries.size(); ++i)
+      if (worker_takes(m, i, w, n)) texts.push_back(m.entries[i].caption);
     captions = CaptionStore::build(cfg, texts, w, &text_report).encoder();
     std::printf("captions: %lld distinct, %lld embedded now in %.1f s, %lld cut to %lld tokens, %lld not embeddable\n",
                 (long long)text_report.captions, (long long)text_report.embedded, text_report.seconds,

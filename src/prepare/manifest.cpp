@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "prepare/webdataset.h"
 
 namespace vidit {
 namespace fs = std::filesystem;
@@ -177,8 +178,74 @@ void reject_repeats(Manifest& m) {
   m.entries = std::move(kept);
 }
 
+bool worker_takes(const Manifest& m, size_t i, int worker, int workers) {
+  const int64_t unit = m.entries[i].unit >= 0 ? m.entries[i].unit : int64_t(i);
+  return unit % workers == worker;
+}
+
+bool is_shard_manifest(const std::string& path) {
+  const std::string ext = fs::path(path).extension().string();
+  return ext == ".tar" || ext == ".txt" || path.find('{') != std::string::npos;
+}
+
+namespace {
+
+// The shards a shard manifest names, in order.
+std::vector<std::string> shard_paths(const std::string& path) {
+  if (fs::path(path).extension() != ".txt") return expand_shard_pattern(path);
+  std::ifstream in(path);
+  VIDIT_CHECK(in, "cannot read the shard list '", path, "': ", std::strerror(errno));
+  const fs::path base = fs::path(path).parent_path();
+  std::vector<std::string> out;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    line = trim(line);
+    if (line.empty() || line[0] == '#') continue;
+    try {
+      for (const std::string& s : expand_shard_pattern(resolve(line, base))) out.push_back(s);
+    } catch (const Error& e) {
+      fail("shard list '", path, "' line ", n, ": ", e.what());
+    }
+  }
+  return out;
+}
+
+// Every sample of every shard, each shard its own unit of work.
+void read_shards(const std::string& path, Manifest& m) {
+  const std::vector<std::string> shards = shard_paths(path);
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const std::string& shard = shards[k];
+    std::error_code ec;
+    if (!fs::is_regular_file(shard, ec)) {
+      m.rejected.push_back({shard, "shard missing (listed by '" + path + "'): download it again or drop it"});
+      continue;
+    }
+    std::vector<WebDatasetReject> rejects;
+    for (WebDatasetSample& s : read_webdataset_shard(shard, &rejects)) {
+      ManifestEntry e;
+      e.path = shard + "/" + s.video.name;
+      e.caption = std::move(s.caption);
+      e.where = shard + ":" + s.video.name;
+      e.shard = shard;
+      e.member_offset = s.video.offset, e.member_size = s.video.size;
+      e.unit = int64_t(k);
+      check_and_add(std::move(e), m);
+    }
+    for (const WebDatasetReject& r : rejects)
+      m.rejected.push_back({r.shard + (r.member.empty() ? "" : ":" + r.member), r.reason});
+  }
+}
+
+}  // namespace
+
 Manifest read_manifest(const std::string& path) {
   Manifest m;
+  if (is_shard_manifest(path) && !fs::is_directory(path)) {
+    VIDIT_CHECK(path.find('{') != std::string::npos || fs::exists(path), "manifest '", path, "' does not exist");
+    read_shards(path, m);
+    reject_repeats(m);
+    return m;
+  }
   VIDIT_CHECK(fs::exists(path), "manifest '", path, "' does not exist");
   if (fs::is_directory(path)) {
     read_folder(path, m);
@@ -189,7 +256,8 @@ Manifest read_manifest(const std::string& path) {
   const std::string ext = fs::path(path).extension().string();
   if (ext == ".csv") read_csv(path, m);
   else if (ext == ".jsonl" || ext == ".json") read_jsonl(path, m);
-  else fail("manifest '", path, "': unknown format; use a .jsonl or .csv file, or a folder of videos with .txt captions");
+  else fail("manifest '", path, "': unknown format; use a .jsonl or .csv file, a folder of videos with .txt captions, "
+            "or WebDataset shards (a .tar, a brace pattern such as shards/{00000..00099}.tar, or a .txt list of them)");
   reject_repeats(m);
   return m;
 }

@@ -156,7 +156,9 @@ class CachePreparer {
     if (!progress) po.out = nullptr;  // counted, never shown
     po.label = workers > 1 ? "prepare w" + std::to_string(worker) + " of " + std::to_string(workers) : "prepare";
     po.unit = "video";
-    po.total = n_all > worker ? (n_all - worker + workers - 1) / workers : 0;
+    int64_t mine = 0;
+    for (size_t i = 0; i < manifest_.entries.size(); ++i) mine += takes(i);
+    po.total = mine;
     prog_ = std::make_unique<Progress>(po);
     prog_->count("clips", 0);
     prog_->count("cached", 0);
@@ -175,7 +177,8 @@ class CachePreparer {
   }
 
   PrepareReport run() {
-    for (size_t i = size_t(worker_); i < manifest_.entries.size(); i += size_t(workers_)) {
+    for (size_t i = 0; i < manifest_.entries.size(); ++i) {
+      if (!takes(i)) continue;
       ++rep_.entries;
       if (cutting_) cut_video(manifest_.entries[i]);
       else prepare_whole(manifest_.entries[i]);
@@ -183,6 +186,10 @@ class CachePreparer {
     finish();
     return rep_;
   }
+
+  // Whether entry i is this worker's: its unit of work (a WebDataset shard, taken whole; else the
+  // entry alone), dealt round-robin over the workers.
+  bool takes(size_t i) const { return worker_takes(manifest_, i, worker_, workers_); }
 
  private:
   // What reuse_cached found for a clip's key.
@@ -214,7 +221,7 @@ class CachePreparer {
       }
       DecodeOptions o = decode_options(e);
       o.max_frames = longest_;
-      DecodedVideo v = decode_video(e.path, o);
+      DecodedVideo v = decode_video(video_file(e), o);
       stage = "bucket";
       // Checked before the caption is embedded, as always: a clip no bucket takes costs no text encode.
       const BucketChoice choice = assign_bucket(buckets_, v.width, v.height, v.frames.size(0), cfg_.buckets.max_upscale);
@@ -226,7 +233,7 @@ class CachePreparer {
       caption_into(e, s);
       s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", e.start}, {"end", e.end},
                 {"source_size", {v.width, v.height}}};
-      s.made = prov_.made(e, source.is_null() ? prov_.source(e.path) : source, e.start, e.end);
+      s.made = prov_.made(e, source.is_null() ? prov_.source(e) : source, e.start, e.end);
       encode_and_write(e, v.frames, v.fps > 0 ? v.fps : 0, s, stage);
     } catch (const std::exception& ex) {
       reject(e, ex, stage);  // one unusable video never stops the run
@@ -259,7 +266,7 @@ class CachePreparer {
       const DecodeOptions o = decode_options(e);
       const double lo = o.start_seconds;
       double hi = o.end_seconds;
-      if (const double probed = probe_video_seconds(e.path); probed > 0) hi = std::min(hi, probed);
+      if (const double probed = probe_video_seconds(video_file(e), e.in_shard() ? e.member_offset : 0, e.member_size); probed > 0) hi = std::min(hi, probed);
       ClipCutter cutter(spec_, lo, hi, d_.split_scenes, d_.scene_threshold, longest_);
       std::vector<std::string> keys;
       int64_t usable = 0;  // clips written or found cached
@@ -286,7 +293,7 @@ class CachePreparer {
             s.meta = {{"source", e.path}, {"caption", e.caption}, {"start", c.window.start}, {"end", c.window.end},
                       {"clip", index}, {"source_size", {width, height}}};
             if (c.window.whole) s.meta["whole_video"] = true;
-            s.made = prov_.made(e, source.is_null() ? prov_.source(e.path) : source, c.window.start, c.window.end);
+            s.made = prov_.made(e, source.is_null() ? prov_.source(e) : source, c.window.start, c.window.end);
             encode_and_write(e, c.frames, fps, s, clip_stage);
             ++usable;
           } catch (const std::exception& ex) {
@@ -296,7 +303,7 @@ class CachePreparer {
         }
         board_->update();
       };
-      const DecodedVideo v = decode_video_streaming(e.path, o, [&](const at::Tensor& frame, double t) {
+      const DecodedVideo v = decode_video_streaming(video_file(e), o, [&](const at::Tensor& frame, double t) {
         if (last >= 0 && t > last) interval = t - last;
         last = t;
         width = frame.size(1);
@@ -358,7 +365,7 @@ class CachePreparer {
   // clip cached from it is then kept: its video may have been removed after it was encoded).
   nlohmann::json source_record(const ManifestEntry& e) const {
     try {
-      return prov_.source(e.path);
+      return prov_.source(e);
     } catch (const std::exception&) {
       return nullptr;
     }
@@ -524,14 +531,18 @@ class CachePreparer {
     DecodeOptions o = decode_;
     if (e.start >= 0) o.start_seconds = e.start;
     if (e.end >= 0) o.end_seconds = e.end;
+    if (e.in_shard()) o.byte_offset = e.member_offset, o.byte_size = e.member_size;  // read in place
     return o;
   }
+
+  // The file holding entry `e`'s video: its own, or its WebDataset shard.
+  static const std::string& video_file(const ManifestEntry& e) { return e.in_shard() ? e.shard : e.path; }
 
   // An unusable video is recorded with the category of the stage it failed in ("missing" when a
   // decode failed because the file is not there).
   void reject(const ManifestEntry& e, const std::exception& ex, const char* stage) {
     std::error_code ec;
-    const bool missing = std::string(stage) == "decode" && !fs::exists(e.path, ec);
+    const bool missing = std::string(stage) == "decode" && !fs::exists(video_file(e), ec);
     rejects_->add(e.path, e.where, ex.what(), missing ? "missing" : stage);
   }
 

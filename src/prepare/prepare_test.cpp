@@ -24,14 +24,7 @@ namespace fs = std::filesystem;
 using prepare_test::PreparedCache;
 using prepare_test::run;
 
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using prepare_test::read_jsonl;
 
 TEST(Prepare, TwoWorkersCacheTheGoodClipsAndRejectTheRest) {
   SKIP_WITHOUT_DECODING();

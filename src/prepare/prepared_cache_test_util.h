@@ -19,6 +19,16 @@ namespace vidit::prepare_test {
 
 using video_test::ffmpeg;
 
+// Every JSON line of the file at `path` (blank lines skipped).
+inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 // The exit status of shell command `cmd` (-1 if it did not exit).
 inline int run(const std::string& cmd) {
   const int status = std::system(cmd.c_str());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -59,19 +60,24 @@ std::string weights_identity(const std::string& path) {
   return hex(XXH3_64bits(listing.data(), listing.size()));
 }
 
-std::string file_content_hash(const std::string& path) {
+std::string file_range_hash(const std::string& path, int64_t offset, int64_t size) {
   std::ifstream in(path, std::ios::binary);
   VIDIT_CHECK(in, "'", path, "' cannot be read: ", std::strerror(errno));
+  in.seekg(offset);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
   XXH3_64bits_reset(st.get());
   std::vector<char> buf(4 << 20);
-  while (in) {
-    in.read(buf.data(), std::streamsize(buf.size()));
+  int64_t left = size < 0 ? std::numeric_limits<int64_t>::max() : size;
+  while (in && left > 0) {
+    in.read(buf.data(), std::streamsize(std::min<int64_t>(left, int64_t(buf.size()))));
     XXH3_64bits_update(st.get(), buf.data(), size_t(in.gcount()));
+    left -= in.gcount();
   }
-  VIDIT_CHECK(in.eof(), "'", path, "' could not be read to its end");
+  VIDIT_CHECK(size < 0 ? in.eof() : left == 0, "'", path, "' could not be read to its end");
   return hex(XXH3_64bits_digest(st.get()));
 }
+
+std::string file_content_hash(const std::string& path) { return file_range_hash(path, 0, -1); }
 
 Provenance::Provenance(const Config& cfg) : cfg_(cfg) {
   const DataConfig& d = cfg.data;
@@ -120,8 +126,17 @@ nlohmann::json Provenance::source(const std::string& path) const {
   return {{"path", relative(path)}, {"size", s.size}, {"mtime_ns", s.mtime_ns}};
 }
 
-std::string Provenance::content_hash(const std::string& path) const {
-  if (path != hashed_path_) hashed_ = file_content_hash(path), hashed_path_ = path;
+nlohmann::json Provenance::source(const ManifestEntry& e) const {
+  if (!e.in_shard()) return source(e.path);
+  const FileStat s = stat_file(e.shard);
+  return {{"path", relative(e.path)}, {"size", e.member_size}, {"mtime_ns", s.mtime_ns}};
+}
+
+std::string Provenance::content_hash(const ManifestEntry& e) const {
+  if (e.path != hashed_path_) {
+    hashed_ = e.in_shard() ? file_range_hash(e.shard, e.member_offset, e.member_size) : file_content_hash(e.path);
+    hashed_path_ = e.path;
+  }
   return hashed_;
 }
 
@@ -142,7 +157,7 @@ nlohmann::json Provenance::text(const ManifestEntry& e) const {
 
 nlohmann::json Provenance::made(const ManifestEntry& e, const nlohmann::json& source, double start, double end) const {
   nlohmann::json src = source;
-  if (cfg_.data.source_identity == SourceIdentity::content) src["xxh64"] = content_hash(e.path);
+  if (cfg_.data.source_identity == SourceIdentity::content) src["xxh64"] = content_hash(e);
   return {{"source", src}, {"window", {start, end}}, {"encode", encode_}, {"text", text(e)}};
 }
 
@@ -178,7 +193,7 @@ ProvenanceChange Provenance::compare(const std::string& was_text, const Manifest
     if (!s.contains("xxh64"))
       c.source = "its modification time changed (with data.source_identity = \"content\" a copy with new times "
                  "is known by its bytes)";
-    else if (s.at("xxh64").get<std::string>() != content_hash(e.path))
+    else if (s.at("xxh64").get<std::string>() != content_hash(e))
       c.source = "its bytes changed";
   }
   c.encode = encode_differences(was.value("encode", nlohmann::json::object()), encode_);

@@ -56,6 +56,9 @@ class Provenance {
   // The source record of the video at `path`: its relative path, size and time (made() adds the
   // hash with "content"). Throws vidit::Error when the file cannot be read.
   nlohmann::json source(const std::string& path) const;
+  // The same for entry `e`'s video: a WebDataset member is recorded by its path (<shard>/<member>,
+  // relative), its own size and its shard's time.
+  nlohmann::json source(const ManifestEntry& e) const;
   // The path recorded for the video at `path`: relative to the manifest's root when under it.
   std::string relative(const std::string& path) const;
   // The text record of entry `e`.
@@ -70,7 +73,7 @@ class Provenance {
   ProvenanceChange compare(const std::string& was, const ManifestEntry& e, const nlohmann::json& source) const;
 
  private:
-  std::string content_hash(const std::string& path) const;  // of the last file asked, kept
+  std::string content_hash(const ManifestEntry& e) const;  // of the last video asked, kept
   const Config& cfg_;
   mutable std::string hashed_path_, hashed_;
   std::string root_;  // the manifest's folder, absolute, with a trailing '/'
@@ -83,5 +86,7 @@ std::vector<std::string> encode_differences(const nlohmann::json& was, const nlo
 
 // xxh64 (hex) of a whole file's bytes.
 std::string file_content_hash(const std::string& path);
+// The same hash of the bytes [offset, offset + size) of the file at `path` (a tar member).
+std::string file_range_hash(const std::string& path, int64_t offset, int64_t size);
 
 }  // namespace vidit

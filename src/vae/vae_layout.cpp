@@ -123,7 +123,9 @@ TensorMap rename(const TensorMap& tensors, const WanVAEConfig& cfg, const std::s
   return out;
 }
 
-json read_json(const std::string& path) {
+}  // namespace
+
+json read_vae_config_json(const std::string& path) {
   std::ifstream in(path);
   VIDIT_CHECK(in, "cannot open VAE config '", path, "'");
   std::stringstream ss;
@@ -132,6 +134,8 @@ json read_json(const std::string& path) {
   VIDIT_CHECK(!j.is_discarded() && j.is_object(), "VAE config '", path, "' is not a JSON object: the file is damaged");
   return j;
 }
+
+namespace {
 
 // The _class_name of a config.json, or "" when it has none or cannot be read.
 std::string class_name_of(const fs::path& config) {
@@ -270,7 +274,7 @@ VaeFiles find_vae_files(const std::string& path) {
 }
 
 WanVAEConfig vae_config_from_diffusers(const std::string& path) {
-  const json j = read_json(path);
+  const json j = read_vae_config_json(path);
   if (j.contains("_class_name")) {
     const std::string cls = j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : j["_class_name"].dump();
     VIDIT_CHECK(cls == kClassName, "VAE config '", path, "' describes a model of class '", cls, "', not diffusers' ", kClassName,

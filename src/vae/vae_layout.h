@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/safetensors.h"
 #include "vae/wan_vae.h"
 
@@ -76,6 +78,9 @@ VaeFiles find_vae_files(const std::string& path);
 // attn_scales, is_residual or patch_size (Wan 2.2's VAE), in/out channels other than 3,
 // scale factors that disagree with the stages, an unknown key with a value, a bad value.
 WanVAEConfig vae_config_from_diffusers(const std::string& config_json);
+// A VAE's config.json as a JSON object. Throws vidit::Error naming the file when it cannot be read
+// or is not a JSON object.
+nlohmann::json read_vae_config_json(const std::string& path);
 // Refuses `found` (read from `source`) unless it describes the VAE `built` is: every shape key
 // and the latent statistics. The message names the key, both values and `source`.
 void check_vae_config(const WanVAEConfig& found, const WanVAEConfig& built, const std::string& source);

@@ -20,11 +20,9 @@ inline WanVAEConfig tiny_vae_config() {
 
 // Random weights everywhere, also where the official init puts zeros (attention proj) or ones
 // (norm gammas), so every path carries signal. Weights ~ N(0, 1/fan_in) keep activations O(1).
-inline WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
-  torch::manual_seed(seed);
-  WanVAE vae(cfg);
+inline void randomize_parameters(torch::nn::Module& module) {
   at::NoGradGuard ng;
-  for (auto& item : vae->named_parameters()) {
+  for (auto& item : module.named_parameters()) {
     at::Tensor p = item.value();
     if (item.key().ends_with("gamma")) {
       p.normal_(1.0, 0.2);
@@ -34,6 +32,12 @@ inline WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
       p.normal_(0.0, 0.1);
     }
   }
+}
+
+inline WanVAE random_vae(const WanVAEConfig& cfg, uint64_t seed) {
+  torch::manual_seed(seed);
+  WanVAE vae(cfg);
+  randomize_parameters(*vae);
   return vae;
 }
 

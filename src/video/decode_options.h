@@ -49,6 +49,11 @@ struct DecodeOptions {
   // When the stream's sample aspect ratio is not 1:1, stretch the width (before rotation) to
   // round(W * sar) so that pixels are square, as `-vf scale=iw*sar:ih` does. Off: coded pixels.
   bool square_pixels = false;
+  // Only the bytes [byte_offset, byte_offset + byte_size) of the file hold the video: a member of a
+  // tar shard (prepare/webdataset.h), read in place through FFmpeg's subfile protocol, nothing
+  // extracted. byte_size < 0: the whole file.
+  int64_t byte_offset = 0;
+  int64_t byte_size = -1;
 };
 
 inline const char* decode_device_name(DecodeDevice d) {

@@ -313,10 +313,15 @@ struct Backend {
 
 // Opens `path` and its video stream's decoder. Not movable once opened (dec->opaque points
 // into it), hence the unique_ptr.
-std::unique_ptr<Source> open_source(const std::string& path, int threads, const Backend& backend) {
+std::unique_ptr<Source> open_source(const std::string& path, int threads, const Backend& backend,
+                                    int64_t byte_offset = 0, int64_t byte_size = -1) {
   auto src = std::make_unique<Source>();
-  // "file:" keeps libavformat from reading a colon in the path as a protocol name.
-  const std::string url = "file:" + path;
+  // "file:" keeps libavformat from reading a colon in the path as a protocol name. A byte range
+  // (a tar member) goes through the subfile protocol: the stream starts at its first byte and ends
+  // at its last, as if it were a file of its own.
+  std::string url = "file:" + path;
+  if (byte_size >= 0)
+    url = "subfile,,start," + std::to_string(byte_offset) + ",end," + std::to_string(byte_offset + byte_size) + ",,:" + url;
   AVFormatContext* raw_fmt = nullptr;
   int ret = avformat_open_input(&raw_fmt, url.c_str(), nullptr, nullptr);  // frees on failure
   VIDIT_CHECK(ret >= 0, "cannot open video file '", path, "': ", av_error_text(ret),
@@ -396,7 +401,7 @@ class ClipDecoder {
   bool sink_failed() const { return sink_error_ != nullptr; }
 
   DecodedVideo run() {
-    src_ = open_source(path_, o_.threads, backend_);
+    src_ = open_source(path_, o_.threads, backend_, o_.byte_offset, o_.byte_size);
     if (on_gpu_started_) *on_gpu_started_ = src_->on_gpu;
     setup_clock();
     pkt_.reset(av_packet_alloc());
@@ -494,7 +499,7 @@ class ClipDecoder {
       if (ret >= 0) avcodec_flush_buffers(src_->dec.get());
     }
     if (ret < 0) {
-      src_ = open_source(path_, o_.threads, backend_);
+      src_ = open_source(path_, o_.threads, backend_, o_.byte_offset, o_.byte_size);
       verify_ = false;
     } else {
       verify_ = true;
@@ -746,6 +751,7 @@ void check_options(const std::string& path, const DecodeOptions& o) {
     bad("target_fps must be 0 (native rate) or a positive frame rate, got ", o.target_fps);
   if (o.threads < 0) bad("threads must be >= 0 (0 = automatic), got ", o.threads);
   if (o.cuda_device < -1) bad("cuda_device must be >= 0, or -1 for automatic, got ", o.cuda_device);
+  if (o.byte_size >= 0 && o.byte_offset < 0) bad("byte_offset must be >= 0, got ", o.byte_offset);
 }
 
 }  // namespace
@@ -806,12 +812,12 @@ DecodedVideo decode_video_streaming(const std::string& path, const DecodeOptions
   return decode(path, options, &sink);
 }
 
-double probe_video_seconds(const std::string& path) {
+double probe_video_seconds(const std::string& path, int64_t byte_offset, int64_t byte_size) {
   std::error_code ec;
   VIDIT_CHECK(std::filesystem::exists(path, ec), "video file '", path,
               "' does not exist (check the path and the working directory)");
   quiet_ffmpeg_logs();
-  std::unique_ptr<Source> src = open_source(path, 1, {});
+  std::unique_ptr<Source> src = open_source(path, 1, {}, byte_offset, byte_size);
   const AVFormatContext* fmt = src->fmt.get();
   const AVStream* st = src->st;
   const double file_start = fmt->start_time != AV_NOPTS_VALUE ? fmt->start_time / 1e6 : 0;

@@ -87,7 +87,9 @@ DecodedVideo decode_video_streaming(const std::string& path, const DecodeOptions
 // The video stream's length in seconds from the start of the file, as its container says (the
 // stream's duration, else the file's), or 0 when it does not say. Opens the file but decodes
 // nothing beyond what probing needs. Throws vidit::Error naming the file as decode_video does.
-double probe_video_seconds(const std::string& path);
+// With byte_size >= 0, the video is the bytes [byte_offset, byte_offset + byte_size) of `path`
+// (DecodeOptions::byte_offset).
+double probe_video_seconds(const std::string& path, int64_t byte_offset = 0, int64_t byte_size = -1);
 
 // The first max_frames (-1: all; otherwise > 0) frames in software with `threads` decoder threads
 // (0 = one per core): decode_video(path, {.max_frames, .threads, .device = kCpu}).

@@ -23,7 +23,7 @@ DecodedVideo decode_video_streaming(const std::string& path, const DecodeOptions
   return decode_video(path, options);
 }
 
-double probe_video_seconds(const std::string& path) {
+double probe_video_seconds(const std::string& path, int64_t, int64_t) {
   decode_video(path, DecodeOptions{});  // throws: no FFmpeg in this build
   return 0;
 }

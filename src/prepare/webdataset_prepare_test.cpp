@@ -1,7 +1,9 @@
 // `vidit prepare` from WebDataset tar shards, as a team ships video at scale: the same videos as
 // loose files and packed into shards (by the tar program) give the same cache entries, bit for
 // bit; each shard is one worker's unit of work; a bad video, a key without a video and a shard cut
-// short are each a named reject while the rest carries on; a rerun finds everything cached.
+// short are each a named reject while the rest carries on; a rerun finds everything cached; and
+// cutting members into clips (data.clip_seconds: their length probed through the shard) gives the
+// loose files' clips.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -94,6 +96,39 @@ TEST(WebDatasetPrepare, ShardsGiveWhatLooseFilesGiveOneShardPerWorker) {
   ASSERT_EQ(run(p.vidit("prepare" + sets) + " > " + (p.dir / "again.log") + " 2>&1"), 0);
   EXPECT_NE(read_text(p.dir / "again.log").find("0 written, 4 already cached"), std::string::npos)
       << read_text(p.dir / "again.log");
+}
+
+TEST(WebDatasetPrepare, MembersCutIntoClipsAsLooseFilesAre) {
+  SKIP_WITHOUT_DECODING();
+  PreparedCache p;
+  const std::string stage = p.dir / "stage", shards = p.dir / "shards";
+  fs::create_directories(stage);
+  fs::create_directories(shards);
+  for (const std::string f : {"land.mp4", "port.mp4"}) {
+    fs::copy_file(p.dir / ("videos/" + f), stage + "/" + f);
+    std::ofstream(stage + "/" + f.substr(0, f.find('.')) + ".txt") << p.caption_of.at(f) << "\n";
+  }
+  ASSERT_EQ(run("tar -cf " + shards + "/s0.tar -C " + stage + " land.mp4 land.txt port.mp4 port.txt"), 0);
+  // 12 frames at 8 fps cut into clips of 0.625 s (5 frames) every 0.5 s.
+  const std::string cut = " --set data.clip_seconds=0.625 --set data.clip_stride_seconds=0.5";
+  const std::string loose_sets = " --set 'data.manifest=\"" + stage + "\"'" + cut;
+  const std::string tar_sets = " --set 'data.manifest=\"" + shards + "/s0.tar\"' --set 'data.cache_dir=\"" +
+                               (p.dir / "cache_tar") + "\"'" + cut;
+  ASSERT_EQ(run(p.vidit("prepare" + loose_sets) + " > " + (p.dir / "loose.log") + " 2>&1"), 0) << read_text(p.dir / "loose.log");
+  ASSERT_EQ(run(p.vidit("prepare" + tar_sets) + " > " + (p.dir / "tar.log") + " 2>&1"), 0) << read_text(p.dir / "tar.log");
+  const LatentCache loose(p.dir / "cache"), packed(p.dir / "cache_tar");
+  ASSERT_GT(loose.size(), 2) << "each video should give several clips";
+  ASSERT_EQ(packed.size(), loose.size());
+  std::map<std::string, at::Tensor> by_clip;  // caption and window -> latents
+  auto clip = [](const CacheIndexEntry& e) {
+    return e.meta.at("caption").get<std::string>() + " " + e.meta.at("start").dump() + " " + e.meta.at("end").dump();
+  };
+  for (int64_t i = 0; i < loose.size(); ++i) by_clip[clip(loose.entry(i))] = loose.load(i).mean.clone();
+  for (int64_t i = 0; i < packed.size(); ++i) {
+    const std::string c = clip(packed.entry(i));
+    ASSERT_TRUE(by_clip.count(c)) << c;
+    EXPECT_TRUE(at::equal(packed.load(i).mean, by_clip.at(c))) << c;
+  }
 }
 
 }  // namespace

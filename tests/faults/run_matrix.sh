@@ -656,7 +656,10 @@ done
 run_case newer_format --exits 137,74,0 --outside kill_rank1_after_ckpt4 --between newer_format_between \
   --fired "0 - harness: SIGKILL to rank 1" --fired "0 - $MPI_KILLED1" --fired "1 - harness: set the format" \
   --says "1 0 error: .*written by a newer vidit" --check newer_format_check
-run_case manifest_removed --exits 137,0 --lost $((2 * EVERY + 1)) --outside kill_rank1_after_ckpt4 \
+# Lost: back to step 2 (the newest checkpoint set aside), and the steps run before the kill; an
+# asynchronous commit of step 4 seen late on a loaded machine (metrics at step 8 when it was seen)
+# is one interval more: at most three intervals.
+run_case manifest_removed --exits 137,0 --lost $((3 * EVERY)) --outside kill_rank1_after_ckpt4 \
   --between manifest_removed_between --fired "0 - harness: SIGKILL to rank 1" --fired "0 - $MPI_KILLED1" --fired "1 - harness: removed" \
   --check manifest_removed_check
 run_case crash_in_commit --args "faults.kind=crash_in_commit faults.step=6 faults.rank=0" --exits 137,0 \

@@ -306,15 +306,18 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
   }
   std::shared_ptr<BatchSource> data;
   std::string cache_dir;  // the latent cache this rank reads ("" for synthetic data)
+  std::shared_ptr<const LatentCache> train_cache;  // its index (data.val_fraction holds clips out of it)
   if (cfg.data.source == DataSource::demo) {
     // Each rank renders the (deterministic) demo videos and caches them in its own folder.
     const std::string dir = lead ? cfg.train.out_dir : cfg.train.out_dir + "/rank" + std::to_string(mesh->rank());
     demo::DemoData demo_data = demo::prepare_demo_data(cfg, dir, dp_rank, dp);
     data = demo_data.loader;
     cache_dir = demo_data.cache_dir;
+    train_cache = std::make_shared<const LatentCache>(cache_dir);
   } else if (cfg.data.source == DataSource::cache) {
     cache_dir = cfg.data.cache_dir;
     auto cache = std::make_shared<LatentCache>(cfg.data.cache_dir);
+    train_cache = cache;
     // data.balance = "cost": batches sized by this run's measured step times, measured by rank 0
     // once and kept in out_dir/cost_model.json, so a restart builds the same batches
     // (train/cost_calibration.h). Rank 0 made out_dir above (RunLock).
@@ -337,6 +340,14 @@ int cmd_train(const CommonOpts& o, bool fresh, int64_t max_steps) {
                                                               : at::Tensor();
   if (!null_text.defined()) null_text = at::zeros({cfg.model.text_len, cfg.model.text_dim});
   Trainer trainer(cfg, data, null_text, device, mesh);
+  // Validation (data.val_fraction / data.val_cache): the held-out clips' loss every train.val_every
+  // steps (train/validation.h).
+  if (auto set = validation_set(cfg, train_cache)) {
+    if (lead)
+      std::printf("validation: %s, at sigma %s, every %lld steps\n", set->describe().c_str(),
+                  c10::str(c10::ArrayRef<double>(cfg.train.val_sigmas)).c_str(), (long long)cfg.train.val_every);
+    trainer.set_validator(std::make_unique<Validator>(cfg, std::move(*set), device));
+  }
   // A run continues from the newest good checkpoint in its out_dir (a restart by the launcher
   // or the scheduler needs no flag); --fresh starts at step 0 (the old run set aside above).
   if (!fresh) {

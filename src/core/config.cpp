@@ -370,6 +370,25 @@ void validate_config(const Config& c) {
   const auto& d = c.data;
   VIDIT_CHECK(d.source != DataSource::cache || !d.cache_dir.empty(), f,
               ": data.source = \"cache\" needs data.cache_dir (the folder `vidit prepare` wrote)");
+  // Validation (train/validation.h): a part of the cache or a cache of its own, at noise levels
+  // strictly between clean and pure noise.
+  VIDIT_CHECK(d.val_fraction == 0 || d.val_cache.empty(), f, ": data.val_fraction = ", d.val_fraction,
+              " and data.val_cache = '", d.val_cache, "' both name a validation set; keep one");
+  VIDIT_CHECK((d.val_fraction == 0 && d.val_cache.empty()) || d.source != DataSource::synthetic, f,
+              ": validation (data.val_fraction / data.val_cache) needs clips to hold out, and data.source = "
+              "\"synthetic\" has none: use data.source = \"cache\" or \"demo\"");
+  VIDIT_CHECK(d.val_fraction < 1, f, ": data.val_fraction = 1 holds out every clip and leaves none to train on; "
+              "take a fraction such as 0.01, or set data.val_cache");
+  VIDIT_CHECK(!c.train.val_sigmas.empty(), f, ": train.val_sigmas is empty; give the noise levels to validate at, "
+              "e.g. [0.1, 0.3, 0.5, 0.7, 0.9]");
+  for (double s : c.train.val_sigmas)
+    VIDIT_CHECK(s > 0 && s < 1, f, ": train.val_sigmas holds ", s, "; each noise level must lie in (0, 1)");
+  // The Wan 2.2 VAE compresses 16x16 pixels into one latent cell.
+  VIDIT_CHECK(d.codec != Codec::wan22_vae || c.buckets.multiple % 16 == 0, f, ": data.codec = \"wan22_vae\" makes "
+              "one latent cell of 16x16 pixels: buckets.multiple (", c.buckets.multiple, ") must be a multiple of 16");
+  VIDIT_CHECK(d.codec != Codec::wan22_vae || c.buckets.frame_stride == 4, f, ": data.codec = \"wan22_vae\" makes "
+              "one latent frame of 4 video frames after the first: set buckets.frame_stride = 4 (got ",
+              c.buckets.frame_stride, ")");
   const char* axis[3] = {"latent_frames", "latent_height", "latent_width"};
   const int64_t size[3] = {d.latent_frames, d.latent_height, d.latent_width};
   for (int i = 0; i < 3; ++i)

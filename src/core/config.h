@@ -43,8 +43,8 @@ VIDIT_CONFIG_ENUM(FrameCondition, none, first_frame, first_last_frame)
 // train.expert: which expert of a two-expert model (model.boundary > 0) a run trains, by noise
 // level (model/experts.h); none: a one-model run.
 VIDIT_CONFIG_ENUM(Expert, none, high, low)
-// data.codec: the lossless demo codec, or the Wan 2.1 VAE.
-VIDIT_CONFIG_ENUM(Codec, demo, wan_vae)
+// data.codec: the lossless demo codec, the Wan 2.1 VAE, or the Wan 2.2 VAE.
+VIDIT_CONFIG_ENUM(Codec, demo, wan_vae, wan22_vae)
 // data.text_encoder: the built-in caption embedder, or files the manifest names.
 VIDIT_CONFIG_ENUM(TextEncoder, demo, precomputed)
 // data.decoder: NVDEC when a GPU is there (else software), software, or NVDEC.
@@ -134,12 +134,17 @@ using StrList = std::vector<std::string>;
       "latent frames of one sample (with source = \"cache\" the buckets decide; this sizes `vidit info`)") \
   KEY(int64_t, latent_height, 8, positive, "latent height of one sample")                              \
   KEY(int64_t, latent_width, 8, positive, "latent width of one sample")                                \
-  KEY(std::string, manifest, "", any, "vidit prepare: .jsonl / .csv manifest, or a folder of videos + .txt captions") \
+  KEY(std::string, manifest, "", any,                                                                 \
+      "vidit prepare: a .jsonl / .csv manifest, a folder of videos + .txt captions, or WebDataset shards " \
+      "(a .tar, a brace pattern such as shards/{00000..00999}.tar, or a .txt list of them)")           \
   KEY(std::string, cache_dir, "", any, "where the latent cache is written and read")                   \
-  KEY(Codec, codec, Codec::demo, any, "\"demo\" (lossless space-to-depth) or \"wan_vae\"")             \
+  KEY(Codec, codec, Codec::demo, any,                                                                 \
+      "\"demo\" (lossless space-to-depth), \"wan_vae\" (Wan 2.1 VAE: 16 channels, 4x8x8) or \"wan22_vae\" " \
+      "(Wan 2.2 VAE: 48 channels, 4x16x16; buckets.multiple a multiple of 16)")                        \
   KEY(std::string, vae_weights, "", any,                                                               \
-      "the Wan 2.1 VAE (codec = \"wan_vae\"): a .safetensors file in official or diffusers names, a vae/ " \
-      "folder or a diffusers pipeline root (vae/vae_layout.h)")                                          \
+      "the VAE of data.codec: for \"wan_vae\" a .safetensors file in official or diffusers names, a vae/ " \
+      "folder or a diffusers pipeline root (vae/vae_layout.h); for \"wan22_vae\" a vae/ folder with its "  \
+      "config.json, or a pipeline root")                                                                 \
   KEY(std::string, image_encoder, "", any,                                                             \
       "image-to-video with CLIP features (model.image_dim > 0): the encoder `vidit prepare` runs on each " \
       "clip's first frame, a transformers CLIPVisionModel folder or a diffusers pipeline root (its "     \
@@ -178,7 +183,14 @@ using StrList = std::vector<std::string>;
   KEY(SourceIdentity, source_identity, SourceIdentity::stat, any,                                      \
       "how vidit prepare knows a source video again: \"stat\" (its path under the manifest's folder, "  \
       "size and modification time) or \"content\" (also a hash of its bytes, taken when it is encoded; " \
-      "a file whose time changed is read again and is the same video when its bytes are)")
+      "a file whose time changed is read again and is the same video when its bytes are)")                                                        \
+  KEY(double, val_fraction, 0.0, fraction,                                                             \
+      "validation: this part of data.cache_dir's clips is held out of training, chosen by a hash of each " \
+      "clip's key (the same split for every rank, world size and restart; a clip added later falls on its " \
+      "side without moving others); 0 = none")                                                          \
+  KEY(std::string, val_cache, "", any,                                                                 \
+      "validation: a latent cache of its own (written by vidit prepare for held-out videos) evaluated "  \
+      "instead of a part of data.cache_dir; \"\" = none")
 
 // Bucket shapes (src/loader/buckets.h): resolution tiers x aspect ratios x frame counts, in
 // pixels and video frames (before the VAE). The defaults are the demo's (16x16 and 16x20 pixels,
@@ -233,6 +245,16 @@ using StrList = std::vector<std::string>;
       "\"auto\" (CUDA when present), \"cpu\" or \"cuda\" (GPU = LOCAL_RANK)")                           \
   KEY(std::string, out_dir, "runs/demo", any, "checkpoints, metrics.jsonl, samples")                  \
   KEY(int64_t, log_every, 50, positive, "steps between log lines")                                     \
+  KEY(int64_t, val_every, 500, non_negative,                                                           \
+      "the validation loss (data.val_fraction or data.val_cache) every this many steps and at the end: "   \
+      "the live weights' flow-matching loss on the held-out clips at train.val_sigmas with fixed noise, "  \
+      "to metrics.jsonl and TensorBoard; 0: off")                                                        \
+  KEY(NumList, val_sigmas, (NumList{0.1, 0.3, 0.5, 0.7, 0.9}), positive,                               \
+      "validation: the noise levels sigma (timestep / 1000, as given: no shift) every held-out clip is " \
+      "evaluated at, each its own band")                                                                \
+  KEY(int64_t, val_samples, 64, positive,                                                              \
+      "validation: at most this many held-out clips, the same ones every time (the first by a hash of "  \
+      "the key)")                                                                                        \
   KEY(double, host_memory_gb, 0.0, non_negative,                                                       \
       "host memory of a node the run may use, GB; 0: the node's MemTotal. A run whose memory plan "       \
       "(vidit plan: its ranks on the node x each one's peak phase) needs more is refused at start")     \

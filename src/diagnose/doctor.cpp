@@ -126,14 +126,24 @@ std::string doctor_report(const std::string& run_dir) {
     }
   }
   if (attempts > 1) out << "attempts: " << attempts << " (" << attempts - 1 << " restart(s))\n";
-  if (!metrics.empty()) {
-    const auto& last = metrics.back();
+  // metrics.jsonl holds logged steps and validation lines ("val_loss"); the steps are these.
+  std::vector<nlohmann::json> steps;
+  for (const auto& m : metrics)
+    if (m.contains("loss")) steps.push_back(m);
+  if (!steps.empty()) {
+    const auto& last = steps.back();
     std::vector<double> secs;
-    for (const auto& m : metrics) secs.push_back(m.value("step_time_s", 0.0));
+    for (const auto& m : steps) secs.push_back(m.value("step_time_s", 0.0));
     std::sort(secs.begin(), secs.end());
     out << "steps: " << last.value("step", int64_t(0)) << " logged; last loss " << fmt("%.6g", last.value("loss", 0.0))
         << "; median step " << fmt("%.3f", secs[secs.size() / 2]) << " s\n";
   }
+  for (auto m = metrics.rbegin(); m != metrics.rend(); ++m)
+    if (m->contains("val_loss")) {
+      out << "validation: loss " << fmt("%.6g", m->value("val_loss", 0.0)) << " at step " << m->value("step", int64_t(0))
+          << " over " << m->value("val_clips", int64_t(0)) << " held-out clips\n";
+      break;
+    }
   if (!saves.empty()) {
     double pause = 0, write = 0;
     for (const auto& s : saves) pause = std::max(pause, s.value("blocked_s", 0.0)), write = std::max(write, s.value("write_s", 0.0));

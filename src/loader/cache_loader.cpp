@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "diffusion/frame_condition.h"
+#include "loader/validation_split.h"
 
 namespace vidit {
 
@@ -14,7 +15,8 @@ CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config&
   std::map<std::string, int> bucket_index;
   std::vector<int> bucket_of;
   std::vector<int64_t> tokens;
-  for (int64_t i = 0; i < cache_->size(); ++i) {
+  members_ = training_indices(*cache_, cfg_);
+  for (int64_t i : members_) {
     const CacheIndexEntry& e = cache_->entry(i);
     VIDIT_CHECK(e.shape[0] == m.out_channels, "latent cache '", cache_->dir(), "': sample '", e.key, "' has ",
                 e.shape[0], " latent channels but model.out_channels is ", m.out_channels,
@@ -110,6 +112,7 @@ void CacheLoader::work() {
       if (stopping_) return;
       job.seq = next_seq_++;
       job.indices = sampler_->next();
+      for (int64_t& i : job.indices) i = members_[size_t(i)];
       after_[job.seq] = sampler_->state();
     }
     MicroBatch b = assemble(job);
@@ -121,15 +124,15 @@ void CacheLoader::work() {
   }
 }
 
-MicroBatch CacheLoader::assemble(const Job& job) {
-  const auto& m = cfg_.model;
+MicroBatch read_cache_batch(const LatentCache& cache, const std::vector<int64_t>& indices, const ModelConfig& m,
+                            const std::function<void(const std::string&)>& skipped) {
   std::vector<at::Tensor> lat, spread, txt, cond, image;
   std::vector<std::string> ids;
-  for (int64_t i : job.indices) {
+  for (int64_t i : indices) {
     try {
-      LatentCache::Loaded s = cache_->load(i, /*verify=*/true);
+      LatentCache::Loaded s = cache.load(i, /*verify=*/true);
       at::Tensor t = s.text.to(at::kFloat);
-      VIDIT_CHECK(t.dim() == 2 && t.size(1) == m.text_dim && t.size(0) <= m.text_len, "sample '", cache_->entry(i).key,
+      VIDIT_CHECK(t.dim() == 2 && t.size(1) == m.text_dim && t.size(0) <= m.text_len, "sample '", cache.entry(i).key,
                   "': text embedding of shape ", t.sizes(), " does not fit [", m.text_len, ", ", m.text_dim, "]");
       if (t.size(0) < m.text_len) t = at::cat({t, at::zeros({m.text_len - t.size(0), m.text_dim})});
       lat.push_back(s.mean);
@@ -137,19 +140,17 @@ MicroBatch CacheLoader::assemble(const Job& job) {
       txt.push_back(t);
       if (m.condition != FrameCondition::none) cond.push_back(s.cond.to(at::kFloat));
       if (m.condition != FrameCondition::none && m.image_dim > 0) image.push_back(s.image.to(at::kFloat));
-      const CacheIndexEntry& e = cache_->entry(i);
+      const CacheIndexEntry& e = cache.entry(i);
       nlohmann::json id = {{"key", e.key}, {"bucket", e.bucket}};
       for (const char* k : {"source", "start", "end"})
         if (e.meta.is_object() && e.meta.contains(k)) id[k] = e.meta[k];
       ids.push_back(id.dump());
     } catch (const Error& e) {
-      std::fprintf(stderr, "[loader] skipping a sample: %s\n", e.what());
-      std::lock_guard<std::mutex> lock(mu_);
-      skipped_.push_back(e.what());
+      skipped(e.what());
     }
   }
   if (lat.empty()) {
-    const auto& sh = job.indices.empty() ? std::vector<int64_t>{m.out_channels, 1, 1, 1} : cache_->entry(job.indices[0]).shape;
+    const auto& sh = indices.empty() ? std::vector<int64_t>{m.out_channels, 1, 1, 1} : cache.entry(indices[0]).shape;
     at::Tensor empty = at::zeros({0, sh[0], sh[1], sh[2], sh[3]});
     MicroBatch none;
     none.latents = none.latent_std = empty, none.texts = at::zeros({0, m.text_len, m.text_dim});
@@ -167,9 +168,19 @@ MicroBatch CacheLoader::assemble(const Job& job) {
         frame_condition_mask(frames, c.size(3), c.size(4), m.condition == FrameCondition::first_last_frame), c);
   }
   if (!image.empty()) b.image = at::stack(image);
-  if (pin_) b.latents = b.latents.pin_memory(), b.latent_std = b.latent_std.pin_memory(), b.texts = b.texts.pin_memory();
-  if (pin_ && b.condition.defined()) b.condition = b.condition.pin_memory();
-  if (pin_ && b.image.defined()) b.image = b.image.pin_memory();
+  return b;
+}
+
+MicroBatch CacheLoader::assemble(const Job& job) {
+  MicroBatch b = read_cache_batch(*cache_, job.indices, cfg_.model, [this](const std::string& what) {
+    std::fprintf(stderr, "[loader] skipping a sample: %s\n", what.c_str());
+    std::lock_guard<std::mutex> lock(mu_);
+    skipped_.push_back(what);
+  });
+  if (!pin_ || b.latents.size(0) == 0) return b;
+  b.latents = b.latents.pin_memory(), b.latent_std = b.latent_std.pin_memory(), b.texts = b.texts.pin_memory();
+  if (b.condition.defined()) b.condition = b.condition.pin_memory();
+  if (b.image.defined()) b.image = b.image.pin_memory();
   return b;
 }
 

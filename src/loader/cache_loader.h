@@ -15,6 +15,8 @@
 // activation memory grows with tokens, so take the shortest bucket as the reference shape when
 // memory is tight.
 //
+// Clips held out for validation (data.val_fraction; loader/validation_split.h) never train.
+//
 // A sample that fails its checksum or cannot be read is skipped (the batch is one smaller) and
 // recorded in skipped() and on stderr; training never stops for it. Samples named by skip()
 // (quarantined) are dropped from the batches as they are handed out. The saved position is that
@@ -22,6 +24,7 @@
 #pragma once
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +41,12 @@
 #include "loader/latent_cache.h"
 
 namespace vidit {
+
+// The samples `indices` of `cache` as one micro-batch (unpinned): latent mean and std, the text
+// padded to model.text_len, and image-to-video's condition and image features. A sample that
+// cannot be read or does not fit the model is left out, its message handed to `skipped`.
+MicroBatch read_cache_batch(const LatentCache& cache, const std::vector<int64_t>& indices, const ModelConfig& m,
+                            const std::function<void(const std::string&)>& skipped);
 
 class CacheLoader : public BatchSource {
  public:
@@ -75,6 +84,9 @@ class CacheLoader : public BatchSource {
   BalancedBudget balanced_;  // data.balance = "cost" only
   std::string cost_unit_;  // of the cost model sizing the batches
   std::vector<std::string> bucket_names_;
+  // The cache indices this loader draws from: all but the validation split's (validation_split.h);
+  // the sampler's indices are positions in it.
+  std::vector<int64_t> members_;
   std::unique_ptr<BucketBatchSampler> sampler_;
   BucketSamplerState handed_;  // position after the last batch handed out
 

@@ -22,6 +22,7 @@
 #include "prepare/demo_codec.h"
 #include "text/text_encoder.h"
 #include "train/tensorboard.h"
+#include "vae/wan22_vae.h"
 #include "vae/wan_vae.h"
 #include "video/video_decoder.h"
 
@@ -148,10 +149,29 @@ std::vector<SamplePrompt> training_sample_prompts(const Config& cfg, const Laten
   return out;
 }
 
+namespace {
+
+// Latents [C, T, h, w] to uint8 frames [F, H, W, 3] through a VAE that makes `cell` pixels of
+// each latent cell (tiled above 512 pixels).
+template <class Vae>
+std::vector<at::Tensor> decode_with(Vae vae, const std::vector<at::Tensor>& latents, int64_t cell, at::Device device) {
+  std::vector<at::Tensor> frames;
+  for (const auto& l : latents) {
+    VaeRunOptions ro;
+    ro.tiling.enabled = l.size(2) * cell > 512 || l.size(3) * cell > 512;
+    at::Tensor video = vae->decode_latents(l.unsqueeze(0).to(device, at::kFloat), ro);  // [1, 3, F, H, W] in [-1, 1]
+    frames.push_back(
+        ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous());
+  }
+  return frames;
+}
+
+}  // namespace
+
 TrainingSamples::TrainingSamples(Config cfg, std::vector<SamplePrompt> prompts, at::Tensor null_text, at::Device device)
     : cfg_(std::move(cfg)), prompts_(std::move(prompts)), device_(device) {
   VIDIT_CHECK(cfg_.data.codec == Codec::demo || !cfg_.data.vae_weights.empty(), cfg_.source, ": sample.every with "
-              "data.codec = \"wan_vae\" decodes its samples with the VAE; set data.vae_weights");
+              "data.codec = \"", name_of(cfg_.data.codec), "\" decodes its samples with the VAE; set data.vae_weights");
   null_text_ = to_context(null_text, cfg_.model.text_len);
   negative_text_ = null_text_;
   // sample.negative_prompt through umT5, where the run has it.
@@ -172,15 +192,9 @@ std::vector<at::Tensor> TrainingSamples::decode(const std::vector<at::Tensor>& l
     for (const auto& l : latents) frames.push_back(demo::codec_decode(l.to(at::kCPU), cfg_.demo.codec_block));
     return frames;
   }
-  WanVAE vae = open_wan_vae(cfg_.data.vae_weights, at::TensorOptions().device(device_));
-  for (const auto& l : latents) {
-    VaeRunOptions ro;
-    ro.tiling.enabled = l.size(2) * 8 > 512 || l.size(3) * 8 > 512;
-    at::Tensor video = vae->decode_latents(l.unsqueeze(0).to(device_, at::kFloat), ro);  // [1, 3, F, H, W] in [-1, 1]
-    frames.push_back(
-        ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous());
-  }
-  return frames;
+  const at::TensorOptions on = at::TensorOptions().device(device_);
+  if (cfg_.data.codec == Codec::wan22_vae) return decode_with(open_wan22_vae(cfg_.data.vae_weights, on), latents, 16, device_);
+  return decode_with(open_wan_vae(cfg_.data.vae_weights, on), latents, 8, device_);
 }
 
 at::Tensor TrainingSamples::noise(size_t i) const {

@@ -12,6 +12,7 @@
 #include "prepare/caption_embedder.h"
 #include "prepare/demo_codec.h"
 #include "diffusion/frame_condition.h"
+#include "vae/wan22_vae.h"
 #include "vae/wan_vae.h"
 #include "vision/clip_vision.h"
 #include "vision/image_input.h"
@@ -28,38 +29,33 @@ at::Device encode_device(const Config& cfg) {
   return cfg.data.encode_device == DeviceChoice::cpu || !has_cuda ? at::Device(at::kCPU) : at::Device(at::kCUDA);
 }
 
-// The Wan VAE of data.vae_weights, loaded once for the clips' latents and their condition
-// latents (of the shape its diffusers config states, else Wan 2.1's).
-std::shared_ptr<WanVAE> shared_vae(const Config& cfg) {
-  VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"wan_vae\" needs data.vae_weights "
-              "(the Wan 2.1 VAE as .safetensors)");
+// The VAE of data.vae_weights, loaded once per device for the clips' latents and their
+// condition latents: the Wan 2.1 VAE (of the shape its diffusers config states, else Wan 2.1's)
+// or the Wan 2.2 VAE.
+template <class Vae>
+std::shared_ptr<Vae> shared_vae(const Config& cfg, Vae (*open)(const std::string&, const at::TensorOptions&)) {
+  VIDIT_CHECK(!cfg.data.vae_weights.empty(), cfg.source, ": data.codec = \"", name_of(cfg.data.codec),
+              "\" needs data.vae_weights (the VAE's weights: a vae/ folder or a diffusers pipeline root)");
   static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<WanVAE>> loaded;
+  static std::map<std::string, std::weak_ptr<Vae>> loaded;
   const at::Device device = encode_device(cfg);
   const std::string key = cfg.data.vae_weights + "@" + device.str();
   std::lock_guard<std::mutex> lock(mu);
   if (auto vae = loaded[key].lock()) return vae;
-  auto vae = std::make_shared<WanVAE>(open_wan_vae(cfg.data.vae_weights, at::TensorOptions().device(device)));
+  auto vae = std::make_shared<Vae>(open(cfg.data.vae_weights, at::TensorOptions().device(device)));
   loaded[key] = vae;
   return vae;
 }
+std::shared_ptr<WanVAE> shared_vae(const Config& cfg) { return shared_vae<WanVAE>(cfg, &open_wan_vae); }
 
 // uint8 frames [T, H, W, 3] -> the VAE's pixels [1, 3, T, H, W] in [-1, 1].
 at::Tensor vae_pixels(const at::Tensor& frames, at::Device device) {
   return frames.to(device).permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
 }
 
-// The encoder data.codec names.
-FrameEncoder codec_encoder(const Config& cfg) {
-  if (cfg.data.codec == Codec::demo) {
-    const int64_t block = cfg.demo.codec_block;
-    return [block](const at::Tensor& frames, const ClipRef&) {
-      at::Tensor mean = demo::codec_encode(frames, block);
-      return std::make_pair(mean, at::zeros_like(mean));  // lossless: no spread
-    };
-  }
-  const at::Device device = encode_device(cfg);
-  auto vae = shared_vae(cfg);
+// A VAE's posterior of the frames, in the normalised latent space the DiT trains in.
+template <class Vae>
+FrameEncoder vae_encoder(std::shared_ptr<Vae> vae, at::Device device) {
   return [vae, device](const at::Tensor& frames, const ClipRef&) {
     at::NoGradGuard no_grad;
     at::Tensor video = vae_pixels(frames, device);
@@ -72,6 +68,20 @@ FrameEncoder codec_encoder(const Config& cfg) {
     at::Tensor std = ((*vae)->normalize_latents(m.logvar.mul(0.5).exp()) - unit)[0];
     return std::make_pair(mean.cpu(), std.cpu());
   };
+}
+
+// The encoder data.codec names.
+FrameEncoder codec_encoder(const Config& cfg) {
+  if (cfg.data.codec == Codec::demo) {
+    const int64_t block = cfg.demo.codec_block;
+    return [block](const at::Tensor& frames, const ClipRef&) {
+      at::Tensor mean = demo::codec_encode(frames, block);
+      return std::make_pair(mean, at::zeros_like(mean));  // lossless: no spread
+    };
+  }
+  const at::Device device = encode_device(cfg);
+  if (cfg.data.codec == Codec::wan22_vae) return vae_encoder(shared_vae<Wan22VAE>(cfg, &open_wan22_vae), device);
+  return vae_encoder(shared_vae(cfg), device);
 }
 
 }  // namespace
@@ -97,7 +107,9 @@ ConditionEncoder make_condition_encoder(const Config& cfg) {
   if (m.condition == FrameCondition::none) return {};
   const std::string kind = name_of(m.condition);
   VIDIT_CHECK(cfg.data.codec == Codec::wan_vae, cfg.source, ": model.condition = \"", kind, "\" needs data.codec = "
-              "\"wan_vae\": the condition frames are encoded by the Wan VAE, whose 4-frame stride the mask follows");
+              "\"wan_vae\": the condition frames are encoded by the Wan 2.1 VAE, whose 4-frame stride the mask follows",
+              cfg.data.codec == Codec::wan22_vae ? " (Wan 2.2's TI2V-5B conditions on its first frame by per-token "
+                                                   "timesteps instead, which vidit does not train yet)" : "");
   VIDIT_CHECK(m.image_dim == 0 || !cfg.data.image_encoder.empty(), cfg.source, ": model.image_dim = ", m.image_dim,
               ": the model attends to CLIP image features; set data.image_encoder to its CLIP image encoder (a "
               "transformers CLIPVisionModel folder, or a diffusers pipeline root with image_encoder/)");

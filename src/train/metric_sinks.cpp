@@ -26,6 +26,16 @@ void TensorBoardSink::saved(const SaveOutcome& s) {
   tb_.add_scalar("checkpoint/write_s", s.step, s.write_s);
 }
 
+void TensorBoardSink::validation(const ValidationMetrics& v) {
+  tb_.add_scalar("val/loss", v.step, v.loss);
+  char tag[64];
+  for (const auto& [sigma, loss] : v.by_sigma) {
+    std::snprintf(tag, sizeof tag, "val/loss_by_sigma/%.2f", sigma);
+    tb_.add_scalar(tag, v.step, loss);
+  }
+  for (const auto& [bucket, loss] : v.by_bucket) tb_.add_scalar("val/loss_by_bucket/" + bucket, v.step, loss);
+}
+
 void EventsFileSink::event(const nlohmann::json& line) {
   if (!file_) file_ = std::make_unique<EventLog>(out_dir_);
   file_->append(line);
@@ -72,5 +82,6 @@ void RunSinks::health(int64_t step, bool skipped, double loss_z) {
 }
 void RunSinks::event(const nlohmann::json& line) { each([&](MetricSink& k) { k.event(line); }); }
 void RunSinks::saved(const SaveOutcome& s) { each([&](MetricSink& k) { k.saved(s); }); }
+void RunSinks::validation(const ValidationMetrics& v) { each([&](MetricSink& k) { k.validation(v); }); }
 
 }  // namespace vidit

@@ -1,6 +1,7 @@
 // Where a run's records go, behind one interface. Rank 0 hands every record to its sinks; a new
 // sink (a cluster's metrics service, say) is one class, with no branch in the loop.
-//   MetricsFileSink   <out_dir>/metrics.jsonl and the console line, per logged step (train/metrics.h)
+//   MetricsFileSink   <out_dir>/metrics.jsonl and the console line, per logged step and validation
+//                     (train/metrics.h)
 //   TensorBoardSink   TensorBoard scalars and histograms (train/tensorboard.h)
 //   EventsFileSink    <out_dir>/events.jsonl, the run's diagnostic events (diagnose/events.h)
 //   SavesFileSink     <out_dir>/saves.jsonl and the console line, per committed checkpoint
@@ -45,12 +46,15 @@ class MetricSink {
   virtual void event(const nlohmann::json& line) {}
   // A checkpoint committed.
   virtual void saved(const SaveOutcome& s) {}
+  // A validation loss (train/validation.h).
+  virtual void validation(const ValidationMetrics& v) {}
 };
 
 class MetricsFileSink : public MetricSink {
  public:
   explicit MetricsFileSink(std::unique_ptr<MetricsLogger> logger) : logger_(std::move(logger)) {}
   void step(const LoggedStep& s) override { logger_->log(s.metrics); }
+  void validation(const ValidationMetrics& v) override { logger_->log_validation(v); }
 
  private:
   std::unique_ptr<MetricsLogger> logger_;
@@ -62,6 +66,7 @@ class TensorBoardSink : public MetricSink {
   void step(const LoggedStep& s) override;
   void health(int64_t step, bool skipped, double loss_z) override;
   void saved(const SaveOutcome& s) override;  // checkpoint/pause_s and checkpoint/write_s
+  void validation(const ValidationMetrics& v) override;  // val/loss, val/loss_by_sigma/*, val/loss_by_bucket/*
 
  private:
   TensorBoardWriter& tb_;
@@ -101,6 +106,7 @@ class RunSinks {
   void health(int64_t step, bool skipped, double loss_z);
   void event(const nlohmann::json& line);
   void saved(const SaveOutcome& s);
+  void validation(const ValidationMetrics& v);
 
  private:
   template <typename F>

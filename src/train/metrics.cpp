@@ -30,6 +30,31 @@ MetricsLogger::MetricsLogger(const std::string& path, bool append, bool console,
   jsonl_.open(path, append ? std::ios::app : std::ios::trunc);
 }
 
+void MetricsLogger::log_validation(const ValidationMetrics& v) {
+  if (jsonl_.is_open()) {
+    nlohmann::json sig = nlohmann::json::object();
+    char name[32];
+    for (const auto& [sigma, loss] : v.by_sigma) {
+      std::snprintf(name, sizeof name, "%.4g", sigma);
+      sig[name] = loss;
+    }
+    nlohmann::json j = {{"step", v.step}, {"val_loss", v.loss}, {"val_loss_by_sigma", sig},
+                        {"val_loss_by_bucket", v.by_bucket}, {"val_clips", v.clips}, {"val_seconds", v.seconds}};
+    jsonl_ << j.dump() << "\n";
+    jsonl_.flush();
+  }
+  if (!console_) return;
+  std::string bands;
+  char buf[64];
+  for (const auto& [sigma, loss] : v.by_sigma) {
+    std::snprintf(buf, sizeof buf, "%s%.2g: %.4f", bands.empty() ? "" : ", ", sigma, loss);
+    bands += buf;
+  }
+  std::printf("[val] step %lld: loss %.4f over %lld held-out clips (sigma %s) in %.1f s\n", (long long)v.step, v.loss,
+              (long long)v.clips, bands.c_str(), v.seconds);
+  std::fflush(stdout);
+}
+
 void MetricsLogger::log(const StepMetrics& m) {
   if (first_step_ < 0) first_step_ = m.step - 1, start_ = std::chrono::steady_clock::now() -
                                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace vidit {
 
@@ -23,6 +26,18 @@ struct StepMetrics {
   double slowest_score = 1;    // median / its busy time (diagnose/stragglers.h)
 };
 
+// One validation (train/validation.h): the held-out clips' mean flow-matching loss at the fixed
+// noise levels, overall, per noise level and per bucket. A line of its own in metrics.jsonl,
+// {"step", "val_loss", "val_loss_by_sigma", "val_loss_by_bucket", "val_clips", "val_seconds"}.
+struct ValidationMetrics {
+  int64_t step = 0;
+  int64_t clips = 0;  // clips evaluated (each at every noise level)
+  double loss = 0;    // mean over clips and noise levels
+  std::vector<std::pair<double, double>> by_sigma;  // (sigma, mean loss over the clips)
+  std::map<std::string, double> by_bucket;          // bucket -> mean loss over its clips and the noise levels
+  double seconds = 0;
+};
+
 class MetricsLogger {
  public:
   // `jsonl_path` empty: console only. `append`: continue an existing file (resume).
@@ -31,6 +46,7 @@ class MetricsLogger {
   // leaves each step once.
   MetricsLogger(const std::string& jsonl_path, bool append, bool console = true, int64_t resumed_step = -1);
   void log(const StepMetrics& m);
+  void log_validation(const ValidationMetrics& v);
 
  private:
   std::ofstream jsonl_;

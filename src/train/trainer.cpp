@@ -242,6 +242,40 @@ void Trainer::with_sampling_weights(const std::function<void(DiT&)>& fn) {
   restore();
 }
 
+void Trainer::set_validator(std::unique_ptr<Validator> v) { validator_ = std::move(v); }
+
+// The live weights on the validation set (train/validation.h), in eval mode and without
+// gradients, as sampling runs them; the result goes to rank 0's sinks.
+ValidationMetrics Trainer::validate() {
+  VIDIT_CHECK(validator_ != nullptr, "Trainer::validate: no validation set (data.val_fraction or data.val_cache)");
+  watchdog_->beat("validating", step_, /*adaptive=*/false);
+  ValidationMetrics v;
+  {
+    torch::NoGradGuard no_grad;
+    pm_->after_forward_only();
+    pm_->model()->eval();
+    try {
+      v = validator_->run(pm_->model(), *mesh_, step_);
+    } catch (...) {
+      pm_->after_forward_only();
+      pm_->model()->train();
+      throw;
+    }
+    pm_->after_forward_only();
+    pm_->model()->train();
+  }
+  if (fp8_casts_) fp8_casts_->clear();  // the casts made for the evaluation are not kept
+  watchdog_->beat("training", step_);
+  if (v.clips == 0) {
+    if (is_lead())
+      std::fprintf(stderr, "warning: validation at step %lld: no held-out clip of %s could be read (see above); "
+                           "training goes on\n", (long long)step_, validator_->set().cache->dir().c_str());
+    return v;
+  }
+  if (is_lead()) sinks_.validation(v);
+  return v;
+}
+
 EventLog& Trainer::events() { return *events_; }
 
 void Trainer::check_replicas_or_stop() {
@@ -494,7 +528,9 @@ void Trainer::open_tensorboard(bool after_rollback) {
   tb_.reset();  // flushes the previous file first
   const std::string dir = cfg_.train.out_dir + "/tb";
   TensorBoardOptions o;
-  o.first_step = after_rollback ? step_ + 1 : std::max(step_, last_step_written(dir)) + 1;
+  // A run from step 0 may write step 0 (the validation baseline); a resumed one writes after its
+  // step and after whatever the files already hold.
+  o.first_step = after_rollback ? step_ + 1 : std::max(step_ > 0 ? step_ : -1, last_step_written(dir)) + 1;
   tb_ = std::make_unique<TensorBoardWriter>(dir, o);
   if (step_ == 0) tb_->add_text("config", 1, "```toml\n" + config_to_toml(cfg_) + "```");
 }
@@ -510,6 +546,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
   const int64_t first_step = step_;
   std::vector<double> losses, step_times;
   BucketLosses since_log;  // this rank's micro-batches by bucket since the last logged step
+  if (validator_ && step_ == 0 && until > 0) validate();  // the start's figure, the baseline (collective)
   while (step_ < until) {
     windows.before_step(step_);
     const StepResult r = step();
@@ -523,6 +560,7 @@ std::vector<double> Trainer::fit(int64_t until_step, bool console, const StepHoo
     if (r.skipped || r.spike) sinks_.health(r.step, r.skipped, r.loss_z);
     windows.after_step(step_);
     pace_watchdog(r, first_step, step_times);
+    if (validator_ && validator_->due(r.step)) validate();  // collective
     if (after_step) {
       watchdog_->beat("evaluating", step_, /*adaptive=*/false);
       after_step(r);

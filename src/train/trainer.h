@@ -44,6 +44,7 @@
 #include "train/run_control.h"
 #include "train/step_tap.h"
 #include "train/tensorboard.h"
+#include "train/validation.h"
 
 namespace vidit {
 
@@ -141,6 +142,11 @@ class Trainer : private CheckpointedRun {
   // passes are collective over the mesh; the gathered weights are released after.
   void with_sampling_weights(const std::function<void(DiT&)>& fn);
   const Config& config() const { return cfg_; }
+  // The validation loss every train.val_every steps and at the end of the run (train/validation.h),
+  // run by fit() after the step and logged by rank 0's sinks; null: none. Every rank sets one.
+  void set_validator(std::unique_ptr<Validator> v);
+  // Evaluates the live weights on the validation set now and reports it (collective).
+  ValidationMetrics validate();
   // A view into every following step (train/step_tap.h); null: none.
   void set_step_tap(std::shared_ptr<StepTap> tap) { tap_ = std::move(tap); }
   // Bytes of the host buffers reserved for checkpoint snapshots (checkpoint.snapshots sets of this
@@ -193,6 +199,7 @@ class Trainer : private CheckpointedRun {
   // Fills m's slowest rank, its host and score, and the median busy time (all-gather of one
   // double), and reports ranks that become or stop being stragglers (diagnose/stragglers.h).
   void find_slowest(const StepResult& r, StepMetrics& m);
+  std::unique_ptr<Validator> validator_;
   MicroBatch last_batch_;
   int64_t step_ = 0;
   double peak_tflops_ = 0;  // per device, for MFU (0: unknown)

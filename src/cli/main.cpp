@@ -500,8 +500,11 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
   VIDIT_CHECK(cfg.model.boundary == 0 || !w.transformer_2.empty(), source, " is one expert of a two-expert model "
               "(model.boundary = ", cfg.model.boundary, "): a video needs both; export the run into its release "
               "(vidit export RUN OUT --pipeline RELEASE) and sample that with --weights OUT");
+  const int64_t stride = vae_stride(w, cfg.model);  // 16 for the Wan 2.2 VAE (TI2V-5B)
   VideoRequest r;
-  r.frames = a.frames > 0 ? a.frames : 81;
+  // Wan's defaults: 81 frames at 832x480; TI2V-5B's 121 at 1280x704.
+  r.frames = a.frames > 0 ? a.frames : stride == 16 ? 121 : 81;
+  if (stride == 16) r.width = 1280, r.height = 704;
   r.image = a.image, r.last_image = a.last_image;
   const bool i2v = cfg.model.condition != FrameCondition::none;
   VIDIT_CHECK(i2v || (a.image.empty() && a.last_image.empty()), "--image: ", source, " is a text-to-video model "
@@ -534,14 +537,14 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
   // and rank 0 writes it; the ranks first agree that they were given the same job.
   const LaunchEnv env = detect_launch_env();
   const at::Device device = train_device(cfg, env);
-  check_video_request(r, cfg.model);
-  const SamplingRanks ranks = make_sampling_ranks(cfg, latent_shape(r, cfg.model), make_world_comm(env, device.type()));
+  check_video_request(r, cfg.model, stride);
+  const SamplingRanks ranks = make_sampling_ranks(cfg, latent_shape(r, cfg.model, stride), make_world_comm(env, device.type()));
   const bool lead = ranks.lead();
   // The memory plan (pipeline/sample_memory.h) against this rank's device: on a GPU its memory, on
   // the CPU the node's (train.host_memory_gb, else MemTotal) shared by the ranks on it. A job that
   // cannot fit is refused before any work, naming the phase and what changes it.
   {
-    SampleMemoryInputs in = sample_memory_inputs(cfg, r, device, ranks.size());
+    SampleMemoryInputs in = sample_memory_inputs(cfg, r, device, ranks.size(), stride);
     // The text encoder's own shape where its folder says it (config.json), else umT5-XXL's.
     const std::filesystem::path text_config = std::filesystem::path(w.text_encoder) / "config.json";
     if (std::filesystem::is_directory(w.text_encoder) && std::filesystem::is_regular_file(text_config))

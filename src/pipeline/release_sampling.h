@@ -8,7 +8,9 @@
 // guidance 5, 16 fps; shift 5.0, but 3.0 for image-to-video at 480p's area or below and 16 for
 // first-and-last-frame. Wan 2.2's two-expert models (model.boundary > 0; its configs): 40 steps,
 // 16 fps; text-to-video guidance 4.0 (high-noise expert) and 3.0 (low-noise, sample.cfg_scale_2),
-// shift 12.0; image-to-video 3.5 and 3.5, shift 5.0. An official-layout release has no scheduler
+// shift 12.0; image-to-video 3.5 and 3.5, shift 5.0. Wan 2.2 TI2V-5B (48 latent channels, the Wan
+// 2.2 VAE): 50 steps, guidance 5.0, shift 5.0, 24 fps (and `vidit sample` makes 121 frames at
+// 1280x704 unless asked). An official-layout release has no scheduler
 // config: its shift is then Wan's default too (diffusers' conversions ship their own).
 #pragma once
 #include <cstdint>

@@ -42,6 +42,15 @@ TEST(ReleaseSampling, WansDefaultsWithoutASchedulerConfig) {
   EXPECT_EQ(release_sampling(dir.path(), m, 1280 * 720).shift, 5.0);
   m.condition = FrameCondition::first_last_frame;
   EXPECT_EQ(release_sampling(dir.path(), m, 1280 * 720).shift, 16.0);
+  // Wan 2.2 TI2V-5B (48 channels): 50 steps, guidance 5, shift 5, 24 fps.
+  ModelConfig ti2v;
+  ti2v.in_channels = ti2v.out_channels = 48;
+  r = release_sampling(dir.path(), ti2v, 1280 * 704);
+  EXPECT_EQ(r.model, "Wan 2.2 TI2V-5B text-to-video");
+  EXPECT_EQ(r.steps, 50);
+  EXPECT_EQ(r.shift, 5.0);
+  EXPECT_EQ(r.cfg_scale, 5.0);
+  EXPECT_EQ(r.fps, 24.0);
 }
 
 TEST(ReleaseSampling, SolverAndShiftFromTheSchedulerConfig) {

@@ -100,7 +100,7 @@ PhaseMemory denoise_phase(const SampleMemoryInputs& in) {
 
   const int64_t B = in.guidance && !in.halves ? 2 : 1, D = m.dim, F = m.ffn_dim, Lt = m.text_len, ct = m.text_dim;
   const int64_t hd = D / m.heads;
-  const int64_t T = (in.frames - 1) / 4 + 1, h = in.height / 8, w = in.width / 8;
+  const int64_t T = (in.frames - 1) / 4 + 1, h = in.height / in.vae_stride, w = in.width / in.vae_stride;
   const int64_t Lall = (T / m.patch[0]) * (h / m.patch[1]) * (w / m.patch[2]);
   const int64_t Ltok = Lall / in.sp;  // this rank's tokens
   const int64_t latent = m.out_channels * T * h * w * 4, input = m.in_channels * T * h * w * 4;
@@ -389,8 +389,10 @@ int64_t umt5_weight_bytes(const text::Umt5Config& c, at::ScalarType dtype) {
   return c.vocab_size * d * td + c.num_layers * per_layer + d * 4;
 }
 
-SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device, int ranks) {
+SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device, int ranks,
+                                        int64_t vae_stride) {
   SampleMemoryInputs in;
+  in.vae_stride = vae_stride;
   in.model = cfg.model;
   in.text_dtype = cfg.text.dtype == Precision::fp32 ? at::kFloat : at::kBFloat16;
   in.frames = request.frames, in.width = request.width, in.height = request.height;
@@ -403,7 +405,7 @@ SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& r
                           : cfg.model.condition == FrameCondition::first_frame    ? 1
                                                                                   : 0;
   Config at_size = cfg;
-  const std::vector<int64_t> shape = latent_shape(request, cfg.model);
+  const std::vector<int64_t> shape = latent_shape(request, cfg.model, vae_stride);
   at_size.data.latent_frames = shape[2], at_size.data.latent_height = shape[3], at_size.data.latent_width = shape[4];
   const SamplingLayout layout = sampling_layout(cfg, tokens_per_sample(at_size), ranks);
   in.ranks = ranks;
@@ -417,7 +419,7 @@ SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& r
 SampleMemory predict_sample_memory(const SampleMemoryInputs& in) {
   VideoRequest r;
   r.frames = in.frames, r.width = in.width, r.height = in.height;
-  check_video_request(r, in.model);
+  check_video_request(r, in.model, in.vae_stride);
   SampleMemory out;
   out.phases = {text_phase(in)};
   if (in.model.condition != FrameCondition::none) out.phases.push_back(image_phase(in));

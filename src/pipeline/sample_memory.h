@@ -85,6 +85,9 @@ struct SampleMemoryInputs {
   text::Umt5Config text;                   // the text encoder's shape (default: umT5-XXL, Wan's)
   at::ScalarType text_dtype = at::kBFloat16;  // text.dtype
   WanVAEConfig vae;                        // the VAE (the pipeline builds Wan 2.1's)
+  // Pixels per latent cell: 8 (Wan 2.1's VAE), 16 (Wan 2.2's: the denoised latent is counted at
+  // its size; its decode is counted as Wan 2.1's decoder at that latent, an estimate).
+  int64_t vae_stride = 8;
   int64_t frames = 81, width = 832, height = 480;
   // Real tokens of the prompt and of the negative prompt (EOS included, <= model.text_len);
   // 0: model.text_len, the most a caption can have.
@@ -113,7 +116,8 @@ struct SampleMemoryInputs {
 // cfg.sample (guidance, solver), umT5-XXL's shape (text::Umt5Config's defaults) and Wan 2.1's
 // VAE, tiled as generate_video tiles, captions at model.text_len tokens (the worst case).
 // `ranks`: the job's size; the layout is sampling_layout()'s for it.
-SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device, int ranks = 1);
+SampleMemoryInputs sample_memory_inputs(const Config& cfg, const VideoRequest& request, at::Device device, int ranks = 1,
+                                        int64_t vae_stride = 8);
 
 struct MemoryTerm {
   std::string name;

@@ -24,6 +24,7 @@
 #include "model/experts.h"
 #include "text/text_encoder.h"
 #include "vae/vae_layout.h"
+#include "vae/wan22_vae.h"
 #include "vae/wan_vae.h"
 #include "video/video_decoder.h"
 
@@ -122,21 +123,21 @@ void WanWeights::require_all() const {
   VIDIT_CHECK(missing.empty(), "vidit sample: missing", missing);
 }
 
-void check_video_request(const VideoRequest& r, const ModelConfig& m) {
+void check_video_request(const VideoRequest& r, const ModelConfig& m, int64_t stride) {
   VIDIT_CHECK(r.frames >= 1 && (r.frames - 1) % 4 == 0, "--frames ", r.frames, " must be 1 + 4k (the VAE codes frame "
               "0 alone and then groups of 4): e.g. ", 1 + 4 * ((std::max<int64_t>(r.frames, 1) - 1) / 4), " or ",
               1 + 4 * ((std::max<int64_t>(r.frames, 1) + 2) / 4));
-  const int64_t gh = 8 * m.patch[1], gw = 8 * m.patch[2];
+  const int64_t gh = stride * m.patch[1], gw = stride * m.patch[2];
   VIDIT_CHECK(r.height > 0 && r.height % gh == 0, "--size: height ", r.height, " must be a multiple of ", gh,
-              " (VAE 8 x patch ", m.patch[1], "): e.g. ", std::max<int64_t>(gh, r.height / gh * gh));
+              " (VAE ", stride, " x patch ", m.patch[1], "): e.g. ", std::max<int64_t>(gh, r.height / gh * gh));
   VIDIT_CHECK(r.width > 0 && r.width % gw == 0, "--size: width ", r.width, " must be a multiple of ", gw,
-              " (VAE 8 x patch ", m.patch[2], "): e.g. ", std::max<int64_t>(gw, r.width / gw * gw));
+              " (VAE ", stride, " x patch ", m.patch[2], "): e.g. ", std::max<int64_t>(gw, r.width / gw * gw));
   VIDIT_CHECK(((r.frames - 1) / 4 + 1) % m.patch[0] == 0, "--frames ", r.frames, ": ", (r.frames - 1) / 4 + 1,
               " latent frames are not a multiple of the time patch ", m.patch[0]);
 }
 
-std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m) {
-  return {1, m.out_channels, (r.frames - 1) / 4 + 1, r.height / 8, r.width / 8};
+std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m, int64_t stride) {
+  return {1, m.out_channels, (r.frames - 1) / 4 + 1, r.height / stride, r.width / stride};
 }
 
 namespace {
@@ -264,10 +265,27 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
   return lat;
 }
 
+int64_t vae_stride(const WanWeights& w, const ModelConfig& m) {
+  if (!is_wan22_vae(w.vae)) {
+    VIDIT_CHECK(m.out_channels != 48, "the transformer denoises 48 latent channels (Wan 2.2's VAE, TI2V-5B) but the VAE '",
+                w.vae, "' is not the Wan 2.2 VAE; give the release's own vae/ (--vae DIR)");
+    return 8;
+  }
+  const int64_t z = wan22_vae_config_from_diffusers(find_vae_files(w.vae).config).z_dim;
+  VIDIT_CHECK(z == m.out_channels, "the VAE '", w.vae, "' is the Wan 2.2 VAE of ", z, " latent channels but the "
+              "transformer denoises ", m.out_channels, " (a Wan 2.1 model takes the Wan 2.1 VAE); give the VAE of the "
+              "transformer's release");
+  VIDIT_CHECK(m.condition == FrameCondition::none, "image-to-video with the Wan 2.2 VAE (TI2V-5B conditions its first "
+              "frame by per-token timesteps) is not sampled by vidit yet; sample text-to-video (no --image)");
+  return 16;
+}
+
 VideoResult generate_video(const Config& cfg, const WanWeights& weights, const VideoRequest& request,
                            at::Device device, const TensorMap& transformer, bool verbose, const SamplingRanks* ranks) {
   c10::InferenceMode inference;
-  check_video_request(request, cfg.model);
+  const int64_t stride = vae_stride(weights, cfg.model);
+  const bool wan22 = stride == 16;
+  check_video_request(request, cfg.model, stride);
   const bool many = ranks && ranks->size() > 1;
   const bool lead = !ranks || ranks->lead();
   verbose = verbose && lead;
@@ -320,7 +338,7 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
   //    copied from the mapped file, guidance on two halves when the ranks are so laid out.
   {
     PhaseMeter meter("denoise", device);
-    at::Tensor noise = at::randn(latent_shape(request, cfg.model),
+    at::Tensor noise = at::randn(latent_shape(request, cfg.model, stride),
                                  at::make_generator<at::CPUGeneratorImpl>(request.seed), at::kFloat);
     // Two experts: both mapped (each read as its device copy is filled, one at a time).
     const bool two = cfg.model.boundary > 0;
@@ -338,7 +356,8 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
   }
   if (verbose) std::printf("[sample] denoised in %.1f s\n", out.phases.back().seconds), std::fflush(stdout);
 
-  // 3. Decode: the Wan VAE decoder, in causal chunks (tiled for frames wider than 512 pixels).
+  // 3. Decode: the Wan VAE decoder (2.1's, or 2.2's for its 48 channels), in causal chunks (tiled
+  //    for frames wider than 512 pixels).
   //    With many ranks a tiled decode shares its tiles among them; an untiled one is rank 0's.
   {
     PhaseMeter meter("decode", device);
@@ -347,8 +366,10 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     TileShare share;
     if (many && ro.tiling.enabled) share = tile_share(*ranks, device), ro.share = &share;
     if (lead || ro.share) {
-      WanVAE vae = open_wan_vae(weights.vae, at::TensorOptions().device(device));
-      at::Tensor video = vae->decode_latents(out.latents.to(device), ro);  // [1, 3, F, H, W] in [-1, 1]
+      const at::TensorOptions on = at::TensorOptions().device(device);
+      const at::Tensor video = wan22 ? open_wan22_vae(weights.vae, on)->decode_latents(out.latents.to(device), ro)
+                                     : open_wan_vae(weights.vae, on)->decode_latents(out.latents.to(device), ro);
+      // [1, 3, F, H, W] in [-1, 1]
       if (lead)
         out.frames = ((video[0].permute({1, 2, 3, 0}) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte).to(at::kCPU).contiguous();
     }

@@ -82,16 +82,24 @@ struct PhaseReport {
 
 struct VideoResult {
   at::Tensor frames;                // [F, H, W, 3] uint8 RGB, CPU
-  at::Tensor latents;               // [1, 16, T', H/8, W/8] fp32, CPU
+  at::Tensor latents;               // [1, C, T', H/s, W/s] fp32, CPU (s: the VAE's stride, 8 or 16)
   std::vector<PhaseReport> phases;  // text, denoise, decode
 };
 
-// Checks a request against the VAE's and the model's granularity. Throws vidit::Error naming the
-// value and the nearest valid ones.
-void check_video_request(const VideoRequest& r, const ModelConfig& m);
+// Checks a request against the VAE's and the model's granularity (`stride`: the VAE's pixels per
+// latent cell, 8 for Wan 2.1's VAE, 16 for Wan 2.2's). Throws vidit::Error naming the value and
+// the nearest valid ones.
+void check_video_request(const VideoRequest& r, const ModelConfig& m, int64_t stride = 8);
 
-// Latent shape [1, C, 1 + (F-1)/4, H/8, W/8] of a request (C: the channels denoised, out_channels).
-std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m);
+// The VAE's pixels per latent cell for `w.vae`: 16 for the Wan 2.2 VAE (its config.json's
+// is_residual), else 8. Throws vidit::Error naming the VAE when its latent channels are not the
+// transformer's (the Wan 2.2 VAE with a 16-channel model or the reverse), and for image-to-video
+// with the Wan 2.2 VAE (not sampled yet).
+int64_t vae_stride(const WanWeights& w, const ModelConfig& m);
+
+// Latent shape [1, C, 1 + (F-1)/4, H/stride, W/stride] of a request (C: the channels denoised,
+// out_channels).
+std::vector<int64_t> latent_shape(const VideoRequest& r, const ModelConfig& m, int64_t stride = 8);
 
 // Runs the three phases on `device` with the config's sample.* (solver, steps, shift, cfg_scale)
 // and text.* keys. `cfg.model` must describe the transformer (read_transformer_config gives it for

@@ -469,6 +469,20 @@ Wan22VAEConfig wan22_vae_config_from_diffusers(const std::string& path) {
   return c;
 }
 
+bool is_wan22_vae(const std::string& path) {
+  if (path.empty()) return false;
+  VaeFiles files;
+  try {
+    files = find_vae_files(path);
+  } catch (const Error&) {
+    return false;  // no VAE there: whoever opens it names the problem
+  }
+  if (files.config.empty()) return false;
+  std::ifstream in(files.config);
+  const nlohmann::json c = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return c.is_object() && c.value("is_residual", false) == true;
+}
+
 Wan22VAE open_wan22_vae(const std::string& path, const at::TensorOptions& options) {
   const VaeFiles files = find_vae_files(path);
   VIDIT_CHECK(!files.config.empty(), "Wan 2.2 VAE '", path, "': no diffusers config.json beside '", files.weights,

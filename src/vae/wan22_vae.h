@@ -231,4 +231,9 @@ Wan22VAEConfig wan22_vae_config_from_diffusers(const std::string& config_json);
 // shapes differ from that config's.
 Wan22VAE open_wan22_vae(const std::string& path, const at::TensorOptions& options = {});
 
+// Whether the VAE at `path` (any form open_wan22_vae takes) is the Wan 2.2 VAE: its diffusers
+// config.json says is_residual. False for the Wan 2.1 VAE, an official file without a config, and
+// a path where no VAE is found.
+bool is_wan22_vae(const std::string& path);
+
 }  // namespace vidit

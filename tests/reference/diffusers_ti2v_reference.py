@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""diffusers' own WanPipeline in Wan 2.2 TI2V-5B's form (expand_timesteps: a timestep per token; the
+Wan 2.2 VAE: 16x16 pixels per latent cell) as the reference for vidit's text-to-video sampling of
+such a release (src/pipeline/ti2v_test.cpp runs it; tests only, never the product).
+
+    diffusers_ti2v_reference.py OUT
+        Builds, with random weights (seeded), a small pipeline and saves it with save_pretrained
+        (no text encoder: prompt embeddings are given):
+          OUT/vae/            the small Wan 2.2 VAE of diffusers_vae22_reference.py (z_dim 8)
+          OUT/transformer/    WanTransformer3DModel 8 -> 8 channels (2 layers, 2 heads of 16, ffn 64,
+                              text_dim 64, patch (1, 2, 2))
+          OUT/scheduler/      UniPCMultistepScheduler (flow prediction, flow_shift 5, TI2V-5B's)
+          model_index.json    WanPipeline with expand_timesteps true
+        and runs it: 6 UniPC steps, guidance 5, 9 frames of 64 x 96 (latents [1, 8, 3, 4, 6]), given
+        prompt_embeds / negative_prompt_embeds [1, 512, 64] and noise latents. Writes
+        OUT/io.safetensors: prompt, negative, noise, latents (output_type="latent"), and video: the
+        pipeline's own decode of those latents (de-normalised by the VAE's statistics, then
+        vae.decode, in [-1, 1], before its post-processing).
+
+Exit status: 0 done, 2 bad usage, 3 diffusers missing or without expand_timesteps.
+"""
+import inspect
+import sys
+from pathlib import Path
+
+
+def die(msg, code):
+    print(f"diffusers_ti2v_reference: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+try:
+    import torch
+    from diffusers import UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from safetensors.torch import save_file
+    from small_wan_parts import prompt_pair
+    from diffusers_vae22_reference import small_vae22, Z_DIM
+except ImportError as e:  # the C++ test skips on this status
+    die(f"cannot import the reference packages: {e}", 3)
+
+if "expand_timesteps" not in inspect.signature(WanPipeline.__init__).parameters:
+    die("this diffusers' WanPipeline has no expand_timesteps (Wan 2.2 TI2V)", 3)
+
+FRAMES, HEIGHT, WIDTH, STEPS, SHIFT = 9, 64, 96, 6, 5.0
+TEXT_LEN, TEXT_DIM = 512, 64
+
+
+def main(argv):
+    if len(argv) != 1:
+        die(__doc__, 2)
+    out = Path(argv[0])
+    vae = small_vae22()
+    torch.manual_seed(3)
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+                                        in_channels=Z_DIM, out_channels=Z_DIM, text_dim=TEXT_DIM, freq_dim=32,
+                                        ffn_dim=64, num_layers=2, eps=1e-6).eval()
+    with torch.no_grad():  # no zero- or one-initialised tensor may hide a wrong input
+        for p in transformer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",
+                                        use_flow_sigmas=True, flow_shift=SHIFT, solver_type="bh2", predict_x0=True,
+                                        lower_order_final=True)
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
+                       expand_timesteps=True)
+    pipe.save_pretrained(out)
+
+    g = torch.Generator().manual_seed(1)
+    prompt, negative = prompt_pair(g, TEXT_LEN, TEXT_DIM)
+    noise = torch.randn(1, Z_DIM, (FRAMES - 1) // 4 + 1, HEIGHT // 16, WIDTH // 16, generator=g)
+    with torch.no_grad():
+        latents = pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, latents=noise.clone(), height=HEIGHT,
+                       width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0,
+                       output_type="latent").frames
+        # The pipeline's decode, as WanPipeline does it for any output type but "latent".
+        mean = torch.tensor(vae.config.latents_mean).view(1, Z_DIM, 1, 1, 1)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, Z_DIM, 1, 1, 1)
+        video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
+    save_file({"prompt": prompt, "negative": negative, "noise": noise, "latents": latents.float().contiguous(),
+               "video": video.float().contiguous()}, str(out / "io.safetensors"))
+    print(f"made {out}: timesteps {pipe.scheduler.timesteps.tolist()}, latents {tuple(latents.shape)}, "
+          f"video {tuple(video.shape)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

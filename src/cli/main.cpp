@@ -67,6 +67,8 @@
 #include "train/cost_calibration.h"
 #include "train/run_weights.h"
 #include "train/trainer.h"
+#include "diffusion/frame_condition.h"
+#include "vae/wan22_vae.h"
 #include "vae/wan_vae.h"
 
 using namespace vidit;
@@ -476,6 +478,10 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
     w.fill_from(a.weights);
     cfg.model = read_transformer_config(w.transformer);  // the release's shape, whatever the config says
     cfg.model.boundary = w.boundary;  // two experts (model/experts.h): where they split; 0 for one model
+    // Wan 2.2 TI2V (as many channels in as out, on the Wan 2.2 VAE) makes video from text, or with
+    // --image from a first frame it keeps in its latent (diffusion/frame_condition.h).
+    if (cfg.model.in_channels == cfg.model.out_channels && !a.image.empty() && is_wan22_vae(w.vae))
+      cfg.model.condition = FrameCondition::first_frame;
     source = w.transformer;
     // The release's own solver and shift, and Wan's steps, guidance and frame rate for it, unless
     // the config or --set names them (pipeline/release_sampling.h).
@@ -506,6 +512,8 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
   r.frames = a.frames > 0 ? a.frames : stride == 16 ? 121 : 81;
   if (stride == 16) r.width = 1280, r.height = 704;
   r.image = a.image, r.last_image = a.last_image;
+  // A run that trained Wan 2.2 TI2V's first-frame form samples text-to-video too, without --image.
+  if (fuses_first_frame(cfg.model) && a.image.empty()) cfg.model.condition = FrameCondition::none;
   const bool i2v = cfg.model.condition != FrameCondition::none;
   VIDIT_CHECK(i2v || (a.image.empty() && a.last_image.empty()), "--image: ", source, " is a text-to-video model "
               "(model.in_channels = ", cfg.model.in_channels, "); give an image-to-video release (in_channels = 2 x ",
@@ -524,7 +532,7 @@ int sample_wan(Config cfg, const SampleArgs& a, const std::set<std::string>& sam
     // The first picture's aspect ratio at the default size's pixel area (pipeline/image_condition.h).
     const at::Tensor picture = vision::decode_image_file(r.image);
     std::tie(r.height, r.width) =
-        size_for_image(picture.size(0), picture.size(1), r.width * r.height, 8 * cfg.model.patch[1]);
+        size_for_image(picture.size(0), picture.size(1), r.width * r.height, stride * cfg.model.patch[1]);
   }
   r.seed = a.seed >= 0 ? uint64_t(a.seed) : cfg.sample.seed;
   // The negative prompt: --negative-prompt, else sample.negative_prompt, else with a Wan release

@@ -353,11 +353,19 @@ void validate_config(const Config& c) {
   const int64_t hd = m.dim / m.heads;
   VIDIT_CHECK(hd % 2 == 0 && hd >= 6, f, ": head dim model.dim/model.heads = ", hd,
               " must be even and >= 6 so 3D RoPE can split it over t, h, w");
-  if (m.condition != FrameCondition::none)
+  // Wan 2.1's image-to-video appends the mask and the condition's latent to the noisy latent;
+  // Wan 2.2 TI2V keeps its first frame in the latent itself (diffusion/frame_condition.h).
+  const bool keeps_first = m.condition == FrameCondition::first_frame && m.in_channels == m.out_channels;
+  if (m.condition != FrameCondition::none && !keeps_first)
     VIDIT_CHECK(m.in_channels == 2 * m.out_channels + 4, f, ": model.condition = \"",
                 name_of(m.condition), "\" takes the noisy latent, a 4-channel "
                 "mask and the condition's latent: model.in_channels must be 2 * model.out_channels + 4 = ",
-                2 * m.out_channels + 4, " (got ", m.in_channels, ")");
+                2 * m.out_channels + 4, " (got ", m.in_channels, ")",
+                m.condition == FrameCondition::first_frame ? ", or equal to model.out_channels for a model that keeps "
+                                                            "the first frame in its latent (Wan 2.2 TI2V)" : "");
+  VIDIT_CHECK(!keeps_first || (m.patch[0] == 1 && m.image_dim == 0), f, ": a model that keeps its first frame in "
+              "the latent (Wan 2.2 TI2V: model.condition = \"first_frame\", in_channels = out_channels) takes "
+              "model.patch's time 1 and no CLIP features (model.image_dim = 0)");
   VIDIT_CHECK(m.condition == FrameCondition::none || c.data.source == DataSource::cache, f, ": model.condition = \"",
               name_of(m.condition), "\" trains from a latent cache that holds each clip's condition frames: set "
               "data.source = \"cache\" and prepare it with this config (vidit prepare)");

@@ -45,4 +45,31 @@ at::Tensor with_frame_condition(const at::Tensor& noisy, const at::Tensor& condi
   return at::cat({noisy, c.size(0) == noisy.size(0) ? c : c.expand({noisy.size(0), -1, -1, -1, -1})}, 1);
 }
 
+bool fuses_first_frame(const ModelConfig& m) {
+  return m.condition == FrameCondition::first_frame && m.in_channels == m.out_channels;
+}
+
+bool appends_condition(const ModelConfig& m) {
+  return m.condition != FrameCondition::none && !fuses_first_frame(m);
+}
+
+at::Tensor keep_first_frame(const at::Tensor& x, const at::Tensor& first) {
+  const int64_t T = x.size(2);
+  at::Tensor head = first.to(x.scalar_type()).expand({x.size(0), x.size(1), 1, x.size(3), x.size(4)});
+  return T == 1 ? head.contiguous() : at::cat({head, x.narrow(2, 1, T - 1)}, 2);
+}
+
+at::Tensor first_frame_timesteps(const at::Tensor& t, at::IntArrayRef latent, const Patch& patch) {
+  VIDIT_CHECK(patch[0] == 1, "a model that keeps its first frame (Wan 2.2 TI2V) needs model.patch's time 1, got ", patch[0]);
+  const int64_t per_frame = (latent[3] / patch[1]) * (latent[4] / patch[2]);
+  const int64_t L = latent[2] * per_frame;
+  at::Tensor out = t.to(at::kFloat).reshape({-1, 1}).expand({t.size(0), L}).clone();
+  out.narrow(1, 0, per_frame).zero_();
+  return out;
+}
+
+at::Tensor loss_frames(const at::Tensor& x, const ModelConfig& m) {
+  return fuses_first_frame(m) && x.size(2) > 1 ? x.narrow(2, 1, x.size(2) - 1) : x;
+}
+
 }  // namespace vidit

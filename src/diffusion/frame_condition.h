@@ -14,10 +14,19 @@
 // frame 0 is all ones and the rest zeros; with the last frame too, channel 3 of the final latent
 // frame is one (m[F-1] = m[4(T-1)]). diffusers' WanImageToVideoPipeline.prepare_latents builds the
 // same tensor by repeating m[0] four times and viewing [T, 4].
+//
+// Wan 2.2 TI2V-5B conditions differently: model.condition = "first_frame" with in_channels =
+// out_channels (nothing appended). The first latent frame is the picture's clean latent, put in
+// place of the noisy one before every call and in the result, and its tokens are given timestep 0
+// (a timestep per token, model/dit.h), diffusers' expand_timesteps. The VAE is causal, so a clip's
+// own first latent frame is its first picture's latent: training keeps x0's first frame and
+// learns on the frames after it.
 #pragma once
 #include <ATen/ATen.h>
 
 #include <cstdint>
+
+#include "core/config.h"
 
 namespace vidit {
 
@@ -36,5 +45,18 @@ at::Tensor frame_condition(const at::Tensor& mask, const at::Tensor& latent);
 // What the DiT takes: cat(noisy [B, C, T, h, w], condition [B or 1, 4 + C, T, h, w]) on dim 1;
 // `condition` undefined: `noisy` as it is (text-to-video).
 at::Tensor with_frame_condition(const at::Tensor& noisy, const at::Tensor& condition);
+
+// Whether `m` takes its first frame as TI2V does (above): condition "first_frame", in = out channels.
+bool fuses_first_frame(const ModelConfig& m);
+// Whether `m` takes the Wan 2.1 condition channels (mask and latent) beside the noisy latent, and
+// so needs each clip's condition latent cached.
+bool appends_condition(const ModelConfig& m);
+// `x` [B, C, T, h, w] with its first latent frame replaced by `first` [B or 1, C, 1, h, w].
+at::Tensor keep_first_frame(const at::Tensor& x, const at::Tensor& first);
+// The timestep per token [B, L] of latents shaped `latent` ([B, C, T, h, w]) under patch (1, ph,
+// pw): each sample's `t` [B], and 0 on the first latent frame's h/ph x w/pw tokens.
+at::Tensor first_frame_timesteps(const at::Tensor& t, at::IntArrayRef latent, const Patch& patch);
+// What the loss is taken over: the frames after the first for a model that keeps it, else all.
+at::Tensor loss_frames(const at::Tensor& x, const ModelConfig& m);
 
 }  // namespace vidit

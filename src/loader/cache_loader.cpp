@@ -23,7 +23,7 @@ CacheLoader::CacheLoader(std::shared_ptr<const LatentCache> cache, const Config&
                 "; the cache was made with another codec: re-run vidit prepare or fix the config");
     // Image-to-video trains on what prepare stored per clip (prepare/frame_encoder.h): a cache
     // made for text-to-video has nothing to condition on.
-    if (m.condition != FrameCondition::none) {
+    if (appends_condition(m)) {
       VIDIT_CHECK(e.cond, "latent cache '", cache_->dir(), "': sample '", e.key, "' has no condition latent, but "
                   "model.condition = \"", name_of(m.condition), "\": the cache was "
                   "prepared for text-to-video. Run vidit prepare with this config (model.condition set) into another "
@@ -138,8 +138,8 @@ MicroBatch read_cache_batch(const LatentCache& cache, const std::vector<int64_t>
       lat.push_back(s.mean);
       spread.push_back(s.std);
       txt.push_back(t);
-      if (m.condition != FrameCondition::none) cond.push_back(s.cond.to(at::kFloat));
-      if (m.condition != FrameCondition::none && m.image_dim > 0) image.push_back(s.image.to(at::kFloat));
+      if (appends_condition(m)) cond.push_back(s.cond.to(at::kFloat));
+      if (appends_condition(m) && m.image_dim > 0) image.push_back(s.image.to(at::kFloat));
       const CacheIndexEntry& e = cache.entry(i);
       nlohmann::json id = {{"key", e.key}, {"bucket", e.bucket}};
       for (const char* k : {"source", "start", "end"})
@@ -154,8 +154,8 @@ MicroBatch read_cache_batch(const LatentCache& cache, const std::vector<int64_t>
     at::Tensor empty = at::zeros({0, sh[0], sh[1], sh[2], sh[3]});
     MicroBatch none;
     none.latents = none.latent_std = empty, none.texts = at::zeros({0, m.text_len, m.text_dim});
-    if (m.condition != FrameCondition::none) none.condition = at::zeros({0, sh[0] + 4, sh[1], sh[2], sh[3]});
-    if (m.condition != FrameCondition::none && m.image_dim > 0) none.image = at::zeros({0, 1, m.image_dim});
+    if (appends_condition(m)) none.condition = at::zeros({0, sh[0] + 4, sh[1], sh[2], sh[3]});
+    if (appends_condition(m) && m.image_dim > 0) none.image = at::zeros({0, 1, m.image_dim});
     return none;
   }
   MicroBatch b;

@@ -41,10 +41,21 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& e0,
 
 at::Tensor DiTBlockImpl::modulated(const at::Tensor& e0) { return fp32(modulation) + e0; }
 
-// e: shift, scale, gate (attention) then shift, scale, gate (MLP); each [B, 1, dim] fp32.
+namespace {
+// The six parts of a block's modulation e: shift, scale, gate (attention) then shift, scale,
+// gate (MLP); each [B, 1, dim] fp32 from e [B, 6, dim] (a timestep per sample), or [B, L, dim]
+// from e [B, L, 6, dim] (a timestep per token).
+std::vector<at::Tensor> modulation_parts(const at::Tensor& e) {
+  if (e.dim() == 3) return e.chunk(6, 1);
+  std::vector<at::Tensor> parts = e.chunk(6, 2);
+  for (at::Tensor& p : parts) p = p.squeeze(2);
+  return parts;
+}
+}  // namespace
+
 std::vector<at::Tensor> DiTBlockImpl::attention_inputs(const at::Tensor& x, const at::Tensor& e0,
                                                        const at::Tensor& cos, const at::Tensor& sin) {
-  auto e = e0.chunk(6, 1);
+  auto e = modulation_parts(e0);
   return self_attn->qkv(layernorm_modulate(x, e[0], e[1], eps), cos, sin);
 }
 
@@ -58,11 +69,13 @@ bool fuses_residual_norm(const at::Tensor& x, const at::Tensor& y) {
 
 at::Tensor DiTBlockImpl::after_attention(const at::Tensor& x_in, const at::Tensor& e0, const at::Tensor& a,
                                          const at::Tensor& context) {
-  auto e = e0.chunk(6, 1);
+  auto e = modulation_parts(e0);
+  // The fused kernels modulate per sample; a timestep per token takes the ATen composition.
+  const bool per_sample = e0.dim() == 3;
   // x + attention * gate, then norm3 (a LayerNorm with weight and bias) for cross-attention.
   const at::Tensor attended = self_attn->out(a);
   at::Tensor x, normed;
-  if (fuses_residual_norm(x_in, attended)) {
+  if (per_sample && fuses_residual_norm(x_in, attended)) {
     ResidualNorm r = residual_layernorm_fused(x_in, attended, e[2], fp32(norm3->weight), fp32(norm3->bias), {}, {}, eps);
     x = r.residual, normed = r.out;
   } else {
@@ -74,7 +87,7 @@ at::Tensor DiTBlockImpl::after_attention(const at::Tensor& x_in, const at::Tenso
   // x + cross-attention, then LayerNorm + modulate for the MLP.
   const at::Tensor crossed = cross_attn->forward(normed, context);
   at::Tensor modulated_x;
-  if (fuses_residual_norm(x, crossed)) {
+  if (per_sample && fuses_residual_norm(x, crossed)) {
     ResidualNorm r = residual_layernorm_fused(x, crossed, {}, {}, {}, e[3], e[4], eps);
     x = r.residual, modulated_x = r.out;
   } else {
@@ -124,7 +137,9 @@ HeadImpl::HeadImpl(const ModelConfig& c) : eps(c.eps) {
 }
 
 at::Tensor HeadImpl::forward(const at::Tensor& x, const at::Tensor& e) {
-  auto m = (fp32(modulation) + fp32(e).unsqueeze(1)).chunk(2, 1);  // shift, scale
+  // shift, scale: [B, 1, dim] for e [B, dim]; [B, L, dim] for e [B, L, dim] (a timestep per token)
+  auto m = (fp32(modulation) + fp32(e).unsqueeze(-2)).chunk(2, -2);
+  if (e.dim() == 3) m[0] = m[0].squeeze(-2), m[1] = m[1].squeeze(-2);
   return fp32(head(layernorm_modulate(x, m[0], m[1], eps)));
 }
 
@@ -176,8 +191,15 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   // transposed through every block (and each LayerNorm would copy it).
   at::Tensor tokens = fp32(patch_embedding(x).flatten(2).transpose(1, 2)).contiguous();  // [B, L, dim]
   const auto real = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor e = fp32(time_embedding->forward(sinusoidal_embedding(t, c.freq_dim).to(x.device(), real)));
+  // A timestep per sample [B], or per token [B, L] (Wan 2.2 TI2V: its first frame's at 0): e and
+  // e0 then hold a row per token, [B, L, dim] and [B, L, 6, dim].
+  const int64_t L = f * h * w;
+  const bool per_token = t.dim() == 2;
+  VIDIT_CHECK((t.dim() == 1 && t.size(0) == B) || (per_token && t.size(0) == B && t.size(1) == L), "DiT: timesteps "
+              "must be [", B, "] (one per sample) or [", B, ", ", L, "] (one per token), got ", t.sizes());
+  at::Tensor e = fp32(time_embedding->forward(sinusoidal_embedding(t.flatten(), c.freq_dim).to(x.device(), real)));
   at::Tensor e0 = fp32(time_projection->forward(e)).unflatten(1, {6, c.dim});
+  if (per_token) e = e.unflatten(0, {B, L}), e0 = e0.unflatten(0, {B, L});
   at::Tensor padded = at::constant_pad_nd(text, {0, 0, 0, c.text_len - text.size(1)});
   at::Tensor context = text_embedding->forward(padded);
   VIDIT_CHECK(image.defined() == (c.image_dim > 0), "DiT: ",
@@ -192,6 +214,7 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   if (token_split.scatter) {
     tokens = token_split.scatter(tokens, 1);
     cos = token_split.scatter(cos, 0), sin = token_split.scatter(sin, 0);
+    if (per_token) e = token_split.scatter(e, 1), e0 = token_split.scatter(e0, 1);
   }
 
   const int64_t n = int64_t(blocks->size());

@@ -3,6 +3,8 @@
 //   latents x [B, C, T, H, W] --Conv3d patch (pt,ph,pw)--> tokens [B, L, dim], L = T/pt*H/ph*W/pw
 //   timestep t [B] (sigma*1000) --sinusoid(freq_dim)--> time_embedding --> e [B, dim]
 //                                 time_projection(e) --> e0 [B, 6, dim]  (shared adaLN)
+//     or a timestep per token, t [B, L] (Wan 2.2 TI2V: 0 on the kept first frame's tokens):
+//     e [B, L, dim], e0 [B, L, 6, dim], every modulation per token
 //   text [B, <=text_len, text_dim] --zero-pad--> text_embedding --> context [B, text_len, dim]
 //   image-to-video (image_dim > 0): CLIP features [B, Li, image_dim] --img_emb--> [B, Li, dim],
 //     placed before the text in the context (each block's cross-attention attends to both);
@@ -23,12 +25,13 @@ namespace vidit {
 
 struct DiTBlockImpl : torch::nn::Module {
   DiTBlockImpl(const ModelConfig& cfg);
-  // x [B, L, dim] fp32 residual stream; e0 [B, 6, dim] fp32; context [B, Lt, dim].
+  // x [B, L, dim] fp32 residual stream; e0 [B, 6, dim] (or [B, L, 6, dim]: per token) fp32;
+  // context [B, Lt, dim].
   // forward = after_attention(x, e, self_attn->attend(attention_inputs(x, e, ...)), context) with
   // e = modulated(e0): the three parts model/recompute.h's selective policy takes apart.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& e0, const at::Tensor& context,
                      const at::Tensor& cos, const at::Tensor& sin);
-  at::Tensor modulated(const at::Tensor& e0);  // this block's shift, scale, gate x 2: [B, 6, dim]
+  at::Tensor modulated(const at::Tensor& e0);  // this block's shift, scale, gate x 2: like e0
   std::vector<at::Tensor> attention_inputs(const at::Tensor& x, const at::Tensor& e, const at::Tensor& cos,
                                            const at::Tensor& sin);
   at::Tensor after_attention(const at::Tensor& x, const at::Tensor& e, const at::Tensor& a, const at::Tensor& context);
@@ -71,7 +74,7 @@ TORCH_MODULE(ImageEmbedding);
 
 struct HeadImpl : torch::nn::Module {
   HeadImpl(const ModelConfig& cfg);
-  // x [B, L, dim], e [B, dim] -> [B, L, out_channels * pt * ph * pw]
+  // x [B, L, dim], e [B, dim] or [B, L, dim] (per token) -> [B, L, out_channels * pt * ph * pw]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& e);
   double eps;
   Linear head{nullptr};
@@ -102,7 +105,8 @@ struct ForwardHooks {
 
 struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const ModelConfig& cfg);
-  // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000]; text [B, Lt <= text_len, text_dim];
+  // x [B, C_in, T, H, W]; t [B] timesteps in [0, 1000], or [B, L] one per token (L = the tokens
+  // of x, in the order of the patch embedding's flattening); text [B, Lt <= text_len, text_dim];
   // image [B, Li, image_dim] CLIP features (image-to-video models only; Li = image_pos_tokens
   // when that is set).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text, const at::Tensor& image = {});

@@ -43,8 +43,10 @@ at::Tensor FeatureSplit::out(const Linear& proj, const at::Tensor& y, const Line
 
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                               double eps) {
+  // The kernel modulates per sample ([B, 1, D]); per token ([B, L, D]) takes the composition.
   const bool fusable = (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
-                       shift.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat;
+                       shift.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat &&
+                       shift.size(1) == 1 && scale.size(1) == 1;
   if (x.is_cuda() && fusable && layernorm_modulate_cuda_available())
     return layernorm_modulate_fused(x, shift, scale, eps);
   at::Tensor xf = fp32(x);

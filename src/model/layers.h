@@ -44,8 +44,9 @@ struct RMSNormImpl : torch::nn::Module {
 TORCH_MODULE(RMSNorm);
 
 // y = LayerNorm(x) * (1 + scale) + shift with no LayerNorm affine; x [B, L, D],
-// shift/scale [B, 1, D]; fp32 out. Uses the fused CUDA kernel on CUDA tensors when built
-// with it (kernels/layernorm_modulate.h), the ATen composition elsewhere.
+// shift/scale [B, 1, D] (or [B, L, D]: per token); fp32 out. Uses the fused CUDA kernel on CUDA
+// tensors of per-sample modulation when built with it (kernels/layernorm_modulate.h), the ATen
+// composition elsewhere.
 at::Tensor layernorm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                               double eps);
 

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "diffusion/frame_condition.h"
 #include "vae/vae_layout.h"
+#include "vae/wan22_vae.h"
 #include "vision/clip_vision.h"
 #include "vision/image_file.h"
 #include "vision/image_input.h"
@@ -54,6 +55,17 @@ ImageCondition make_image_condition(const Config& cfg, const WanWeights& weights
   const at::Tensor last_rgb = request.last_image.empty() ? at::Tensor() : vision::decode_image_file(request.last_image);
 
   ImageCondition out;
+  VIDIT_CHECK(!fuses_first_frame(m) || request.last_image.empty(), "--last-image: this model (Wan 2.2 TI2V) is "
+              "conditioned on its first frame only");
+  if (fuses_first_frame(m)) {  // Wan 2.2 TI2V: the picture alone through the Wan 2.2 VAE, its mean
+    Wan22VAE vae = open_wan22_vae(weights.vae, at::TensorOptions().device(device));
+    VIDIT_CHECK(vae->cfg.z_dim == m.out_channels, "the VAE '", weights.vae, "' makes ", vae->cfg.z_dim,
+                "-channel latents, but the transformer denoises ", m.out_channels);
+    at::NoGradGuard ng;
+    const at::Tensor picture = vae_image(first_rgb, request.height, request.width).to(device);  // [3, H, W]
+    out.first = vae->encode_latents(picture.unsqueeze(0).unsqueeze(2)).to(at::kFloat);         // [1, C, 1, h, w]
+    return out;
+  }
   {
     WanVAE vae = open_wan_vae(weights.vae, at::TensorOptions().device(device));
     VIDIT_CHECK(2 * vae->cfg.z_dim + 4 == m.in_channels, "the VAE '", weights.vae, "' makes ", vae->cfg.z_dim,

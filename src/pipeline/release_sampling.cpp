@@ -30,8 +30,15 @@ ReleaseSampling release_sampling(const std::string& root, const ModelConfig& m, 
   r.model = std::string("Wan 2.1 ") + (flf ? "first-and-last-frame" : i2v ? "image-to-video" : "text-to-video");
   r.steps = i2v ? 40 : 50;
   r.shift = flf ? 16.0 : i2v && pixels <= 832 * 480 ? 3.0 : 5.0;
-  if (m.out_channels == 48) {  // Wan 2.2 TI2V-5B: the Wan 2.2 VAE's 48 channels
-    r.model = "Wan 2.2 TI2V-5B text-to-video";
+  // Wan 2.2 TI2V-5B: the Wan 2.2 VAE's 48 channels, or a diffusers release that asks for a timestep per token (model_index.json's expand_timesteps).
+  bool expand = false;
+  if (const fs::path index = fs::path(root) / "model_index.json"; fs::is_regular_file(index)) {
+    std::ifstream in(index);
+    const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    expand = j.is_object() && j.value("expand_timesteps", false) == true;
+  }
+  if (m.out_channels == 48 || expand) {
+    r.model = std::string("Wan 2.2 TI2V-5B ") + (i2v ? "image" : "text") + "-to-video";
     r.steps = 50, r.shift = 5.0, r.cfg_scale = 5.0, r.fps = 24.0;
   }
   if (m.boundary > 0) {  // Wan 2.2 A14B: two experts

@@ -1,8 +1,12 @@
-// Wan 2.2 TI2V-5B's form sampled as text-to-video: a 48-channel transformer (here 8, the small
-// VAE's) on the Wan 2.2 VAE. diffusers' WanPipeline runs it with expand_timesteps, a timestep per
-// token: with no image every token's is the step's, so vidit's one timestep per sample gives the
-// same latents, and the Wan 2.2 VAE decodes them as the pipeline does. The VAE's stride (16) and
-// its latent channels are checked against the transformer.
+// Wan 2.2 TI2V-5B's form: a 48-channel transformer (here 8, the small VAE's) on the Wan 2.2 VAE,
+// which diffusers runs with expand_timesteps, a timestep per token.
+//  - Text-to-video: every token's timestep is the step's, so vidit's one timestep per sample gives
+//    diffusers' latents, and the Wan 2.2 VAE decodes them as the pipeline does.
+//  - Image-to-video: the picture's latent kept as the first latent frame, its tokens at timestep 0,
+//    equal to diffusers' WanImageToVideoPipeline with expand_timesteps.
+//  - The DiT's timestep per token: all equal is the per-sample forward.
+//  - Training keeps each clip's first latent frame clean at timestep 0 and learns on the rest.
+// The VAE's stride (16) and its latent channels are checked against the transformer.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +14,12 @@
 #include "../../tests/mpi_test_util.h"
 #include "../../tests/test_util.h"
 #include "core/safetensors.h"
+#include "diffusion/frame_condition.h"
+#include "loader/cache_loader.h"
+#include "model/dit.h"
+#include "pipeline/image_condition.h"
+#include "train/trainer.h"
+#include "video/video_test_util.h"
 #include "model/weight_layout.h"
 #include "pipeline/release_sampling.h"
 #include "pipeline/wan_pipeline.h"
@@ -42,6 +52,8 @@ TEST(Ti2v, TextToVideoEqualsDiffusersWithExpandTimesteps) {
   const ReleaseSampling rs = release_sampling(release, cfg.model, 96 * 64);
   EXPECT_EQ(rs.solver, Solver::unipc);
   EXPECT_EQ(rs.shift, 5.0);
+  EXPECT_EQ(rs.model, "Wan 2.2 TI2V-5B text-to-video");  // model_index.json's expand_timesteps
+  EXPECT_EQ(rs.fps, 24.0);
 
   const TensorMap io = load_safetensors(release + "/io.safetensors");
   VideoRequest r;
@@ -70,6 +82,121 @@ TEST(Ti2v, TextToVideoEqualsDiffusersWithExpandTimesteps) {
   wrong.in_channels = wrong.out_channels = 48;
   const std::string b = test::message_of([&] { vae_stride(other, wrong); });
   EXPECT_NE(b.find("is not the Wan 2.2 VAE"), std::string::npos) << b;
+}
+
+TEST(Ti2v, ImageToVideoEqualsDiffusersWithExpandTimesteps) {
+  test::ScratchDir dir("ti2v_i2v_parity");
+  const std::string png = dir / "first.png", release = dir / "release";
+  ASSERT_TRUE(video_test::ffmpeg("-f lavfi -i testsrc2=size=80x60 -frames:v 1 " + png));  // resized to 96x64
+  const auto made = test::run_process(test::python() + " " + test::reference_script("diffusers_ti2v_reference.py") +
+                                      " " + release + " " + png + " 2>&1");
+  if (made.status == 3) GTEST_SKIP() << made.output;
+  ASSERT_EQ(made.status, 0) << made.output;
+  WanWeights w;
+  w.fill_from(release);
+  Config cfg = parse_config("", "<test>", {"sample.steps=6", "sample.shift=5.0", "sample.solver=\"unipc\"",
+                                           "sample.cfg_scale=5.0"});
+  cfg.model = read_transformer_config(w.transformer);
+  cfg.model.condition = FrameCondition::first_frame;  // what vidit sample --image sets for this release
+  ASSERT_TRUE(fuses_first_frame(cfg.model));
+  EXPECT_EQ(vae_stride(w, cfg.model), 16);
+  EXPECT_EQ(release_sampling(release, cfg.model, 96 * 64).model, "Wan 2.2 TI2V-5B image-to-video");
+  VideoRequest r;
+  r.frames = 9, r.width = 96, r.height = 64, r.image = png;
+  const ImageCondition condition = make_image_condition(cfg, w, r, at::kCPU);
+  ASSERT_TRUE(condition.first.defined());
+  EXPECT_FALSE(condition.frames.defined());
+  EXPECT_EQ(condition.first.sizes(), (std::vector<int64_t>{1, 8, 1, 4, 6}));
+  const TensorMap io = load_safetensors(release + "/io.safetensors");
+  const at::Tensor ours = denoise_latents(cfg, read_transformer_weights(w.transformer), w.transformer, io.at("prompt"),
+                                          io.at("negative"), io.at("noise"), at::kCPU, nullptr, false, condition);
+  const double err = relative(ours, io.at("latents"));
+  std::printf("TI2V-5B form, image-to-video: latents within %.2e of max\n", err);
+  EXPECT_LT(err, 1e-5);
+  EXPECT_TRUE(at::equal(ours.narrow(2, 0, 1), condition.first));  // the picture's latent, as given
+  // Without the first frame kept (the text-to-video call on the same noise) the result is another.
+  const at::Tensor t2v = denoise_latents(cfg, read_transformer_weights(w.transformer), w.transformer, io.at("prompt"),
+                                         io.at("negative"), io.at("noise"), at::kCPU, nullptr, false,
+                                         ImageCondition{{}, {}, at::zeros_like(condition.first)});
+  EXPECT_GT(relative(t2v, io.at("latents")), 1e-2);
+  // A first-and-last-frame request is refused: TI2V takes one picture.
+  r.last_image = png;
+  EXPECT_NE(test::message_of([&] { make_image_condition(cfg, w, r, at::kCPU); }).find("first frame only"),
+            std::string::npos);
+}
+
+TEST(Ti2v, TimestepPerTokenAllEqualIsThePerSampleForward) {
+  ModelConfig m;
+  m.in_channels = m.out_channels = 4, m.patch = {1, 2, 2}, m.dim = 32, m.heads = 2, m.ffn_dim = 64, m.layers = 2;
+  m.text_dim = 8, m.text_len = 4, m.freq_dim = 16;
+  torch::manual_seed(0);
+  DiT model(m);
+  model->init_weights(5);
+  for (auto& p : model->parameters()) p.data().add_(0.05 * at::randn_like(p));  // modulations not zero
+  torch::NoGradGuard ng;
+  const at::Tensor x = at::randn({2, 4, 3, 4, 6}), text = at::randn({2, 4, 8});
+  const at::Tensor t = at::tensor({300.0f, 800.0f});
+  const int64_t L = 3 * 2 * 3;
+  const at::Tensor per_sample = model->forward(x, t, text);
+  const at::Tensor per_token = model->forward(x, t.reshape({2, 1}).expand({2, L}).contiguous(), text);
+  EXPECT_LE(relative(per_token, per_sample), 1e-6);
+  // The first frame's tokens at 0: the first frame's own output changes, and a wrong shape is named.
+  const at::Tensor kept = model->forward(x, first_frame_timesteps(t, x.sizes(), m.patch), text);
+  EXPECT_GT(relative(kept, per_sample), 1e-4);
+  EXPECT_NE(test::message_of([&] { model->forward(x, at::zeros({2, L + 1}), text); }).find("one per token"),
+            std::string::npos);
+}
+
+// A run of the TI2V form on a cache: each clip's first latent frame goes in clean with timestep 0
+// on its tokens, the rest noised at the sample's own timestep.
+TEST(Ti2v, TrainingKeepsEachClipsFirstFrameClean) {
+  test::ScratchDir dir("ti2v_train");
+  {
+    CacheWriter wr(dir / "cache", 0, 1 << 20, at::kFloat);
+    for (int i = 0; i < 6; ++i) {
+      CacheSample s;
+      s.key = "clip" + std::to_string(i);
+      s.mean = at::randn({4, 3, 4, 4});
+      s.std = at::zeros({4, 3, 4, 4});
+      s.text = at::randn({4, 8});
+      s.bucket = "3x4x4";
+      wr.add(s);
+    }
+  }
+  merge_cache_index(dir / "cache");
+  Config cfg = test::tiny_config({"data.source=\"cache\"", "data.cache_dir=\"" + (dir / "cache") + "\"",
+                                  "model.condition=\"first_frame\"", "train.steps=2", "train.warmup_steps=1",
+                                  "train.out_dir=\"" + (dir / "run") + "\"", "data.latent_frames=3"});
+  ASSERT_TRUE(fuses_first_frame(cfg.model));
+  auto cache = std::make_shared<const LatentCache>(cfg.data.cache_dir);
+  struct Seen : StepTap {
+    std::vector<at::Tensor> x, t;
+    void micro_batch(int64_t, int64_t, const at::Tensor& x_t, const at::Tensor& timestep, const at::Tensor&,
+                     const at::Tensor&, const at::Tensor&) override {
+      x.push_back(x_t.clone()), t.push_back(timestep.clone());
+    }
+  };
+  auto seen = std::make_shared<Seen>();
+  Trainer trainer(cfg, std::make_shared<CacheLoader>(cache, cfg), at::zeros({cfg.model.text_len, cfg.model.text_dim}));
+  trainer.set_step_tap(seen);
+  const std::vector<double> losses = trainer.fit(-1, false);
+  ASSERT_EQ(seen->x.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    const at::Tensor& x = seen->x[k];
+    const at::Tensor& t = seen->t[k];
+    ASSERT_EQ(t.dim(), 2);
+    EXPECT_EQ(t.size(1), 3 * 2 * 2);  // [B, L]: a timestep per token
+    EXPECT_EQ(t.narrow(1, 0, 4).abs().max().item<double>(), 0.0);  // the first frame's 2 x 2 tokens
+    EXPECT_GT(t.narrow(1, 4, 8).min().item<double>(), 0.0);
+    // Every clip's first latent frame is one of the cached clips' first frames, untouched.
+    for (int64_t b = 0; b < x.size(0); ++b) {
+      bool found = false;
+      for (int64_t i = 0; i < cache->size(); ++i)
+        found = found || at::equal(x[b].narrow(1, 0, 1), cache->load(i).mean.narrow(1, 0, 1));
+      EXPECT_TRUE(found) << "sample " << b << " of step " << k + 1;
+    }
+  }
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
 }
 
 }  // namespace

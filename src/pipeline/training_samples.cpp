@@ -253,7 +253,7 @@ void TrainingSamples::share(Comm& world) {
     p.text = broadcast_any(world, lead ? p.text : at::Tensor(), 0, at::kCPU);
     at::Tensor shape = broadcast_any(world, lead ? at::tensor(p.latent_shape, at::kLong) : at::Tensor(), 0, at::kCPU);
     p.latent_shape.assign(shape.data_ptr<int64_t>(), shape.data_ptr<int64_t>() + shape.numel());
-    if (cfg_.model.condition != FrameCondition::none) {
+    if (appends_condition(cfg_.model)) {
       p.condition = broadcast_any(world, lead ? p.condition : at::Tensor(), 0, at::kCPU);
       if (cfg_.model.image_dim > 0) p.image = broadcast_any(world, lead ? p.image : at::Tensor(), 0, at::kCPU);
     }

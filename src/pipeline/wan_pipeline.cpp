@@ -170,6 +170,7 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
   // The condition frames and image features on the device, once; the same for both guidance branches.
   const at::Tensor frames = condition.frames.defined() ? condition.frames.to(device) : at::Tensor();
   const at::Tensor image = condition.image.defined() ? condition.image.to(device) : at::Tensor();
+  const at::Tensor first = condition.first.defined() ? condition.first.to(device) : at::Tensor();
   const bool many = ranks && ranks->size() > 1;
   verbose = verbose && (!ranks || ranks->lead());
   const at::ScalarType weight_dtype = cfg.sample.dtype == Precision::bf16 ? at::kBFloat16 : at::kFloat;
@@ -222,6 +223,9 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
   auto model_field = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& txt) {
     AutocastGuard autocast(device.type(), autocast_bf16, at::kBFloat16);
     const at::Tensor img = image.defined() ? image.expand({x.size(0), -1, -1}) : image;
+    if (first.defined())  // Wan 2.2 TI2V: the picture's latent as the first frame, at timestep 0
+      return resident.model->forward(keep_first_frame(x, first), first_frame_timesteps(t, x.sizes(), cfg.model.patch),
+                                     txt, img).to(at::kFloat);
     return resident.model->forward(with_frame_condition(x, frames), t, txt, img).to(at::kFloat);
   };
   // Two experts: the expert and its guidance for this step's timestep (diffusers' rule).
@@ -262,7 +266,7 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
   }
   if (resident.pm) resident.pm->after_forward_only();
   progress.finish();
-  return lat;
+  return first.defined() ? keep_first_frame(lat, first) : lat;
 }
 
 int64_t vae_stride(const WanWeights& w, const ModelConfig& m) {
@@ -275,8 +279,9 @@ int64_t vae_stride(const WanWeights& w, const ModelConfig& m) {
   VIDIT_CHECK(z == m.out_channels, "the VAE '", w.vae, "' is the Wan 2.2 VAE of ", z, " latent channels but the "
               "transformer denoises ", m.out_channels, " (a Wan 2.1 model takes the Wan 2.1 VAE); give the VAE of the "
               "transformer's release");
-  VIDIT_CHECK(m.condition == FrameCondition::none, "image-to-video with the Wan 2.2 VAE (TI2V-5B conditions its first "
-              "frame by per-token timesteps) is not sampled by vidit yet; sample text-to-video (no --image)");
+  VIDIT_CHECK(m.condition == FrameCondition::none || fuses_first_frame(m), "the VAE '", w.vae, "' is the Wan 2.2 VAE, "
+              "whose image-to-video model (TI2V-5B) keeps the first frame in its latent, but this transformer takes "
+              "Wan 2.1's condition channels (in_channels ", m.in_channels, "); give the VAE of its release");
   return 16;
 }
 
@@ -325,7 +330,9 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
   if (cfg.model.condition != FrameCondition::none || !request.image.empty()) {
     PhaseMeter meter("image", device);
     if (lead) condition = make_image_condition(cfg, weights, request, device);
-    if (many) {
+    if (many && fuses_first_frame(cfg.model)) {
+      condition.first = broadcast_any(*ranks->world, condition.first, 0, device);
+    } else if (many) {
       condition.frames = broadcast_any(*ranks->world, condition.frames, 0, device);
       if (cfg.model.image_dim > 0) condition.image = broadcast_any(*ranks->world, condition.image, 0, device);
     }

@@ -71,7 +71,10 @@ struct VideoRequest {
 struct ImageCondition {
   at::Tensor frames;  // [1, 4 + C, T', h, w]: the given frames' mask and latent (diffusion/frame_condition.h)
   at::Tensor image;   // [1, tokens, model.image_dim]: CLIP features (undefined where image_dim = 0)
-  bool defined() const { return frames.defined(); }
+  // Wan 2.2 TI2V (a model that keeps its first frame): the picture's latent [1, C, 1, h, w], put in
+  // place of the first latent frame before every call and in the result, its tokens at timestep 0.
+  at::Tensor first;
+  bool defined() const { return frames.defined() || first.defined(); }
 };
 
 struct PhaseReport {

@@ -104,12 +104,14 @@ FrameEncoder make_frame_encoder(const Config& cfg) { return with_cache_faults(co
 
 ConditionEncoder make_condition_encoder(const Config& cfg) {
   const ModelConfig& m = cfg.model;
-  if (m.condition == FrameCondition::none) return {};
+  // Nothing to cache for a model that keeps the first frame in its latent (Wan 2.2 TI2V): the
+  // causal VAE's first latent frame of the clip is its first picture's.
+  if (!appends_condition(m)) return {};
   const std::string kind = name_of(m.condition);
   VIDIT_CHECK(cfg.data.codec == Codec::wan_vae, cfg.source, ": model.condition = \"", kind, "\" needs data.codec = "
               "\"wan_vae\": the condition frames are encoded by the Wan 2.1 VAE, whose 4-frame stride the mask follows",
-              cfg.data.codec == Codec::wan22_vae ? " (Wan 2.2's TI2V-5B conditions on its first frame by per-token "
-                                                   "timesteps instead, which vidit does not train yet)" : "");
+              cfg.data.codec == Codec::wan22_vae ? " (with the Wan 2.2 VAE, TI2V-5B keeps the first frame in its latent: "
+                                                   "set model.in_channels = model.out_channels)" : "");
   VIDIT_CHECK(m.image_dim == 0 || !cfg.data.image_encoder.empty(), cfg.source, ": model.image_dim = ", m.image_dim,
               ": the model attends to CLIP image features; set data.image_encoder to its CLIP image encoder (a "
               "transformers CLIPVisionModel folder, or a diffusers pipeline root with image_encoder/)");

@@ -20,7 +20,8 @@ FrameEncoder with_cache_faults(FrameEncoder base, const FaultConfig& faults);
 
 // Image-to-video (model.condition != "none"): the condition video of a clip's first frame (and
 // last, for first_last_frame) through the same Wan VAE, and with model.image_dim > 0 the frames'
-// CLIP features (data.image_encoder). Empty for text-to-video. Throws vidit::Error naming the key
+// CLIP features (data.image_encoder). Empty for text-to-video, and for a model that keeps its first
+// frame in the latent (Wan 2.2 TI2V: nothing to cache). Throws vidit::Error naming the key
 // that is missing (the Wan VAE codec, data.image_encoder).
 ConditionEncoder make_condition_encoder(const Config& cfg);
 

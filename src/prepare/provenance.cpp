@@ -13,6 +13,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "diffusion/frame_condition.h"
 #include "core/error.h"
 
 namespace vidit {
@@ -101,7 +102,7 @@ Provenance::Provenance(const Config& cfg) : cfg_(cfg) {
   else encode_["data.vae_weights"] = weights_identity(d.vae_weights);
   // Image-to-video: what the clips are conditioned on, and the CLIP encoder of their features
   // (recorded only then, so a text-to-video cache's record is what it always was).
-  if (cfg.model.condition != FrameCondition::none) {
+  if (appends_condition(cfg.model)) {
     encode_["model.condition"] = name_of(cfg.model.condition);
     if (cfg.model.image_dim > 0) encode_["data.image_encoder"] = weights_identity(d.image_encoder);
   }

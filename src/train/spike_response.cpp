@@ -28,6 +28,7 @@
 #include "diagnose/forensics.h"
 #include "diagnose/rank_hosts.h"
 #include "diffusion/flow_matching.h"
+#include "diffusion/frame_condition.h"
 #include "train/trainer.h"
 
 namespace vidit {
@@ -40,7 +41,8 @@ std::vector<double> Trainer::rerun(const std::vector<Replay>& replay) {
     for (const Replay& r : replay) {
       AutocastGuard autocast(cfg_.train.precision, device_.type());
       const at::Tensor pred = pm_->model()->forward(r.x_t, r.timestep, r.text, r.image);
-      for (double x : sample_losses(pred, r.target, r.samples)) out.push_back(x);
+      const auto& m = cfg_.model;
+      for (double x : sample_losses(loss_frames(pred, m), loss_frames(r.target, m), r.samples)) out.push_back(x);
     }
   }
   pm_->after_forward_only();

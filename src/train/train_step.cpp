@@ -1,7 +1,8 @@
 // One optimizer step, top to bottom, the same for every world size and mesh: learning rate ->
 // micro-batches (data, flow-matching noising, caption dropout, forward under autocast, loss
 // weighted by the rank's share of the samples, backward with the parallel model's gradient
-// reductions around it) -> global totals -> clip (global norm from the layouts) -> AdamW ->
+// reductions around it; a model that keeps its first frame, Wan 2.2 TI2V, sees it clean at
+// timestep 0 and learns on the rest) -> global totals -> clip (global norm from the layouts) -> AdamW ->
 // EMA, or no update when the gradient norm is not finite (or the step spiked, if so configured:
 // spike_response.cpp). The phases are slices of the trace (core/trace.h) when one is recorded.
 #include <algorithm>
@@ -90,7 +91,13 @@ StepResult Trainer::step() {
     }
     // Pinned host batches (the cache loader on a GPU machine) copy asynchronously.
     auto dev = [&](const at::Tensor& t) { return t.to(device_, t.scalar_type(), /*non_blocking=*/t.is_pinned()); };
-    FlowSample fs = make_flow_sample(dev(x0), dev(noise), dev(sigma));
+    const at::Tensor clean = dev(x0);
+    FlowSample fs = make_flow_sample(clean, dev(noise), dev(sigma));
+    // Wan 2.2 TI2V: the clip's first latent frame kept clean at timestep 0, the loss on the rest.
+    if (fuses_first_frame(cfg_.model)) {
+      fs.x_t = keep_first_frame(fs.x_t, clean.narrow(2, 0, 1));
+      fs.timestep = first_frame_timesteps(fs.timestep, clean.sizes(), cfg_.model.patch);
+    }
     // Image-to-video: the given frames' mask and latent beside the noisy latent, and their CLIP
     // features beside the text (diffusion/frame_condition.h); x_t alone for text-to-video.
     const at::Tensor x_in = with_frame_condition(fs.x_t, mb.condition.defined() ? dev(mb.condition) : at::Tensor());
@@ -102,11 +109,12 @@ StepResult Trainer::step() {
       AutocastGuard autocast(tc.precision, device_.type());
       pred = pm_->model()->forward(x_in, fs.timestep, dev(text), image);
     }
-    at::Tensor loss = flow_loss(pred, fs.target);
+    at::Tensor loss = flow_loss(loss_frames(pred, cfg_.model), loss_frames(fs.target, cfg_.model));
     const at::Tensor sample_mean = loss.detach();  // the batch's mean loss, read after backward
     if (tap_) tap_->micro_batch(step_ + 1, micro, x_in, fs.timestep, dev(text), fs.target, sample_mean);
     if (tc.spike_action != SpikeAction::off) {
-      const std::vector<double> own = sample_losses(pred, fs.target, B);
+      const std::vector<double> own =
+          sample_losses(loss_frames(pred, cfg_.model), loss_frames(fs.target, cfg_.model), B);
       const at::Tensor sig = sigma.to(at::kDouble).cpu().contiguous();
       for (int64_t i = 0; i < B; ++i) {
         mine.loss.push_back(own[size_t(i)]), mine.sigma.push_back(sig.data_ptr<double>()[i]);

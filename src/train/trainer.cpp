@@ -15,6 +15,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "diffusion/frame_condition.h"
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "core/malloc_tuning.h"
@@ -512,9 +513,9 @@ MicroBatch Trainer::stand_in() const {
   const auto& m = cfg_.model;
   MicroBatch b{at::zeros({1, m.out_channels, d.latent_frames, d.latent_height, d.latent_width}), at::Tensor(),
                null_text_.unsqueeze(0).to(at::kFloat), 0, 0, {}};
-  if (m.condition != FrameCondition::none)
+  if (appends_condition(m))
     b.condition = at::zeros({1, m.in_channels - m.out_channels, d.latent_frames, d.latent_height, d.latent_width});
-  if (m.condition != FrameCondition::none && m.image_dim > 0)
+  if (appends_condition(m) && m.image_dim > 0)
     b.image = at::zeros({1, m.image_pos_tokens > 0 ? m.image_pos_tokens : 1, m.image_dim});
   return b;
 }

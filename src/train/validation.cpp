@@ -56,8 +56,8 @@ ValidationMetrics Validator::run(DiT& model, const Mesh& mesh, int64_t step) con
     if (!ok) {  // a forward of the clip's shape all the same, so every rank makes the same passes
       b.latents = at::zeros({1, e.shape[0], e.shape[1], e.shape[2], e.shape[3]});
       b.texts = at::zeros({1, m.text_len, m.text_dim});
-      if (m.condition != FrameCondition::none) b.condition = at::zeros({1, e.shape[0] + 4, e.shape[1], e.shape[2], e.shape[3]});
-      if (m.condition != FrameCondition::none && m.image_dim > 0) b.image = at::zeros({1, 1, m.image_dim});
+      if (appends_condition(m)) b.condition = at::zeros({1, e.shape[0] + 4, e.shape[1], e.shape[2], e.shape[3]});
+      if (appends_condition(m) && m.image_dim > 0) b.image = at::zeros({1, 1, m.image_dim});
     }
     const at::Tensor x0 = b.latents.to(at::kFloat).to(device_);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(XXH64(e.key.data(), e.key.size(), kNoiseSeed));
@@ -66,13 +66,17 @@ ValidationMetrics Validator::run(DiT& model, const Mesh& mesh, int64_t step) con
     const at::Tensor cond = b.condition.defined() ? b.condition.to(at::kFloat).to(device_) : at::Tensor();
     const at::Tensor image = b.image.defined() ? b.image.to(at::kFloat).to(device_) : at::Tensor();
     for (int64_t s = 0; s < S; ++s) {
-      const FlowSample fs = make_flow_sample(x0, noise, at::full({1}, sigmas_[size_t(s)], at::kFloat).to(device_));
+      FlowSample fs = make_flow_sample(x0, noise, at::full({1}, sigmas_[size_t(s)], at::kFloat).to(device_));
+      if (fuses_first_frame(m)) {  // Wan 2.2 TI2V: as train_step.cpp conditions it
+        fs.x_t = keep_first_frame(fs.x_t, x0.narrow(2, 0, 1));
+        fs.timestep = first_frame_timesteps(fs.timestep, x0.sizes(), m.patch);
+      }
       at::Tensor pred;
       {
         AutocastGuard autocast(cfg_.train.precision, device_.type());
         pred = model->forward(with_frame_condition(fs.x_t, cond), fs.timestep, text, image);
       }
-      const double loss = flow_loss(pred, fs.target).item<double>();
+      const double loss = flow_loss(loss_frames(pred, m), loss_frames(fs.target, m)).item<double>();
       if (mine && ok) cell[j * (S + 1) + s] = loss;
     }
     if (mine && ok) cell[j * (S + 1) + S] = 1;

@@ -3,19 +3,22 @@
 Wan 2.2 VAE: 16x16 pixels per latent cell) as the reference for vidit's text-to-video sampling of
 such a release (src/pipeline/ti2v_test.cpp runs it; tests only, never the product).
 
-    diffusers_ti2v_reference.py OUT
+    diffusers_ti2v_reference.py OUT [IMAGE]
         Builds, with random weights (seeded), a small pipeline and saves it with save_pretrained
         (no text encoder: prompt embeddings are given):
           OUT/vae/            the small Wan 2.2 VAE of diffusers_vae22_reference.py (z_dim 8)
           OUT/transformer/    WanTransformer3DModel 8 -> 8 channels (2 layers, 2 heads of 16, ffn 64,
                               text_dim 64, patch (1, 2, 2))
           OUT/scheduler/      UniPCMultistepScheduler (flow prediction, flow_shift 5, TI2V-5B's)
-          model_index.json    WanPipeline with expand_timesteps true
+          model_index.json    WanPipeline with expand_timesteps true (with IMAGE:
+                              WanImageToVideoPipeline, no image encoder, as TI2V-5B's image mode)
         and runs it: 6 UniPC steps, guidance 5, 9 frames of 64 x 96 (latents [1, 8, 3, 4, 6]), given
         prompt_embeds / negative_prompt_embeds [1, 512, 64] and noise latents. Writes
         OUT/io.safetensors: prompt, negative, noise, latents (output_type="latent"), and video: the
         pipeline's own decode of those latents (de-normalised by the VAE's statistics, then
-        vae.decode, in [-1, 1], before its post-processing).
+        vae.decode, in [-1, 1], before its post-processing). With IMAGE (loaded with
+        diffusers.utils.load_image) the picture is the first frame: its latent kept in place of the
+        first latent frame, whose tokens get timestep 0.
 
 Exit status: 0 done, 2 bad usage, 3 diffusers missing or without expand_timesteps.
 """
@@ -31,7 +34,8 @@ def die(msg, code):
 
 try:
     import torch
-    from diffusers import UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+    from diffusers.utils import load_image
     from safetensors.torch import save_file
     from small_wan_parts import prompt_pair
     from diffusers_vae22_reference import small_vae22, Z_DIM
@@ -46,9 +50,10 @@ TEXT_LEN, TEXT_DIM = 512, 64
 
 
 def main(argv):
-    if len(argv) != 1:
+    if len(argv) not in (1, 2):
         die(__doc__, 2)
     out = Path(argv[0])
+    image_path = argv[1] if len(argv) == 2 else None
     vae = small_vae22()
     torch.manual_seed(3)
     transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
@@ -60,17 +65,24 @@ def main(argv):
     scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",
                                         use_flow_sigmas=True, flow_shift=SHIFT, solver_type="bh2", predict_x0=True,
                                         lower_order_final=True)
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
-                       expand_timesteps=True)
+    if image_path:
+        pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
+                                       image_processor=None, image_encoder=None, transformer=transformer,
+                                       expand_timesteps=True)
+    else:
+        pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
+                           expand_timesteps=True)
     pipe.save_pretrained(out)
 
     g = torch.Generator().manual_seed(1)
     prompt, negative = prompt_pair(g, TEXT_LEN, TEXT_DIM)
     noise = torch.randn(1, Z_DIM, (FRAMES - 1) // 4 + 1, HEIGHT // 16, WIDTH // 16, generator=g)
     with torch.no_grad():
-        latents = pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, latents=noise.clone(), height=HEIGHT,
-                       width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0,
-                       output_type="latent").frames
+        args = dict(prompt_embeds=prompt, negative_prompt_embeds=negative, latents=noise.clone(), height=HEIGHT,
+                    width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0, output_type="latent")
+        if image_path:
+            args["image"] = load_image(image_path)
+        latents = pipe(**args).frames
         # The pipeline's decode, as WanPipeline does it for any output type but "latent".
         mean = torch.tensor(vae.config.latents_mean).view(1, Z_DIM, 1, 1, 1)
         inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, Z_DIM, 1, 1, 1)

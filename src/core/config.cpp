@@ -366,7 +366,7 @@ void validate_config(const Config& c) {
   VIDIT_CHECK(!keeps_first || (m.patch[0] == 1 && m.image_dim == 0), f, ": a model that keeps its first frame in "
               "the latent (Wan 2.2 TI2V: model.condition = \"first_frame\", in_channels = out_channels) takes "
               "model.patch's time 1 and no CLIP features (model.image_dim = 0)");
-  VIDIT_CHECK(m.condition == FrameCondition::none || c.data.source == DataSource::cache, f, ": model.condition = \"",
+  VIDIT_CHECK(m.condition == FrameCondition::none || keeps_first || c.data.source == DataSource::cache, f, ": model.condition = \"",
               name_of(m.condition), "\" trains from a latent cache that holds each clip's condition frames: set "
               "data.source = \"cache\" and prepare it with this config (vidit prepare)");
   VIDIT_CHECK(c.train.expert == Expert::none || m.boundary > 0, f, ": train.expert = \"", name_of(c.train.expert),

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "diffusion/frame_condition.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "model/experts.h"
@@ -71,7 +72,13 @@ PipelineExport write_diffusers_pipeline(const TensorStream& official, const Mode
   report.pipeline_class = index.value("_class_name", std::string());
   const std::string wanted = pipeline_class_for(m);
   const bool i2v = m.condition != FrameCondition::none;
-  VIDIT_CHECK(report.pipeline_class == wanted, "--pipeline '", release, "' is a ", report.pipeline_class.empty() ?
+  // Wan 2.2 TI2V keeps its first frame in the latent: its release samples text with WanPipeline
+  // and a picture with WanImageToVideoPipeline, either asking for a timestep per token.
+  const bool keeps_first = fuses_first_frame(m);
+  VIDIT_CHECK(!keeps_first || index.value("expand_timesteps", false) == true, "--pipeline '", release, "': the run's "
+              "model keeps its first frame in the latent (Wan 2.2 TI2V), but the release's model_index.json does not "
+              "set expand_timesteps, so its pipelines would not sample it so; give the TI2V release it was trained from");
+  VIDIT_CHECK(report.pipeline_class == wanted || (keeps_first && report.pipeline_class == "WanPipeline"), "--pipeline '", release, "' is a ", report.pipeline_class.empty() ?
               std::string("pipeline without _class_name") : report.pipeline_class, ", but the checkpoint's model ",
               i2v ? "is image-to-video (model.condition = \"" + std::string(name_of(m.condition)) + "\", " +
                         std::to_string(m.in_channels) + " input channels)"

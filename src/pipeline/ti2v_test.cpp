@@ -9,6 +9,8 @@
 // The VAE's stride (16) and its latent channels are checked against the transformer.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "../../tests/mpi_test_util.h"
@@ -19,6 +21,7 @@
 #include "model/dit.h"
 #include "pipeline/image_condition.h"
 #include "train/trainer.h"
+#include "loader/latent_cache.h"
 #include "video/video_test_util.h"
 #include "model/weight_layout.h"
 #include "pipeline/release_sampling.h"
@@ -197,6 +200,66 @@ TEST(Ti2v, TrainingKeepsEachClipsFirstFrameClean) {
     }
   }
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+}
+
+// The first-frame form as a user runs it: `vidit prepare` with the Wan 2.2 VAE on real clips,
+// `vidit train` from the release's transformer (each clip's first latent frame kept), and
+// `vidit export --pipeline` into the release, whose model_index.json asks for a timestep per token.
+TEST(Ti2v, PrepareTrainAndExportARunOfTheFirstFrameForm) {
+  SKIP_WITHOUT_DECODING();
+  namespace fs = std::filesystem;
+  test::ScratchDir dir("ti2v_run");
+  const std::string png = dir / "first.png", release = dir / "release";
+  ASSERT_TRUE(video_test::ffmpeg("-f lavfi -i testsrc2=size=96x64 -frames:v 1 " + png));
+  const auto made = test::run_process(test::python() + " " + test::reference_script("diffusers_ti2v_reference.py") +
+                                      " " + release + " " + png + " 2>&1");
+  if (made.status == 3) GTEST_SKIP() << made.output;
+  ASSERT_EQ(made.status, 0) << made.output;
+  fs::create_directories(dir / "videos");
+  for (int i = 0; i < 3; ++i) {
+    const std::string f = dir / ("videos/clip" + std::to_string(i) + ".mp4");
+    ASSERT_TRUE(video_test::ffmpeg("-f lavfi -i testsrc2=size=96x64:rate=8 -vf hue=h=" + std::to_string(60 * i) +
+                                   " -frames:v 9 -pix_fmt yuv420p -c:v libx264 " + f));
+    std::ofstream(dir / ("videos/clip" + std::to_string(i) + ".txt")) << "clip " << i;
+  }
+  const std::string config = dir / "ti2v.toml";
+  std::ofstream(config) << "[model]\ndim = 32\nheads = 2\nlayers = 2\nffn_dim = 64\nfreq_dim = 32\npatch = [1, 2, 2]\n"
+                        << "text_dim = 64\ntext_len = 512\neps = 1e-6\nrope_theta = 10000.0\nin_channels = 8\n"
+                        << "out_channels = 8\ncondition = \"first_frame\"\n"
+                        << "[data]\nsource = \"cache\"\nmanifest = \"" << (dir / "videos") << "\"\ncache_dir = \""
+                        << (dir / "cache") << "\"\ncodec = \"wan22_vae\"\nvae_weights = \"" << release << "/vae\"\n"
+                        << "cache_dtype = \"fp32\"\ndecode_threads = 1\nloader_threads = 1\ndecoder = \"cpu\"\n"
+                        << "[demo]\ntext_dim = 64\n"
+                        << "[buckets]\nresolutions = [78]\naspect_ratios = [1.5]\nframes = [9]\nframe_stride = 4\n"
+                        << "multiple = 16\n[train]\nbatch_size = 2\nsteps = 2\nthreads = 1\nlog_every = 1\nlr = 1e-4\n"
+                        << "warmup_steps = 0\ndevice = \"cpu\"\nout_dir = \"" << (dir / "run") << "\"\ninit_from = \""
+                        << release << "/transformer\"\n";
+  auto r = test::run_process(std::string(VIDIT_BINARY) + " prepare --config " + config + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const LatentCache cache(dir / "cache");
+  ASSERT_EQ(cache.size(), 3);
+  for (int64_t i = 0; i < cache.size(); ++i) {
+    EXPECT_EQ(cache.entry(i).shape, (std::vector<int64_t>{8, 3, 4, 6})) << cache.entry(i).key;
+    EXPECT_FALSE(cache.entry(i).cond) << "nothing beside the latent: its first frame is the condition";
+  }
+  r = test::run_process(std::string(VIDIT_BINARY) + " train --config " + config + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step      2/2"), std::string::npos) << r.output;
+  const std::string pipe = dir / "exported";
+  r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + pipe + " --pipeline " + release +
+                        " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const TensorMap exported = read_transformer_weights(pipe + "/transformer"),
+                  trained = read_checkpoint_weights(dir / "run").weights;
+  for (const auto& [k, v] : trained) EXPECT_TRUE(at::equal(exported.at(k), v)) << k;
+  // A release whose pipelines take one timestep per sample would sample it wrong: refused by name.
+  fs::create_directories(dir / "plain");
+  std::ofstream(dir / "plain/model_index.json") << R"({"_class_name": "WanImageToVideoPipeline"})";
+  r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + (dir / "exported2") +
+                        " --pipeline " + (dir / "plain") + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("does not set expand_timesteps"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "exported2"));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <set>
 #include <map>
 
+#include "diffusion/frame_condition.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "loader/buckets.h"
@@ -132,7 +133,7 @@ class CachePreparer {
                 const Progress::Options* progress, const ConditionEncoder& condition)
       : cfg_(cfg), d_(cfg.data), encode_(encode), captions_(captions), condition_(condition), worker_(worker),
         workers_(workers), prov_(cfg) {
-    VIDIT_CHECK(cfg.model.condition == FrameCondition::none || condition, "vidit prepare: model.condition = \"",
+    VIDIT_CHECK(!appends_condition(cfg.model) || condition, "vidit prepare: model.condition = \"",
                 name_of(cfg.model.condition), "\" but no condition encoder was given");
     VIDIT_CHECK(!d_.manifest.empty(), cfg.source, ": vidit prepare needs data.manifest (a .jsonl / .csv file or a folder)");
     VIDIT_CHECK(!d_.cache_dir.empty(), cfg.source, ": vidit prepare needs data.cache_dir (where the cache goes)");

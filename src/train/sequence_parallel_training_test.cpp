@@ -1,5 +1,6 @@
 // Training with the tokens split over 2 or 4 ranks under mpirun (Ulysses, ring attention or
-// both, alone or with data parallel, with blocks recomputed) gives the single-process losses and
+// both, alone or with data parallel, with blocks recomputed, with Wan 2.2 TI2V's timestep per
+// token) gives the single-process losses and
 // parameters (fp32, 1e-5 relative).
 #include <gtest/gtest.h>
 
@@ -71,6 +72,9 @@ TEST_P(SequenceParallelTraining, MatchesOneProcess) {
 // Two micro-batches with the ring: the gradient shares are summed once, after the last.
 INSTANTIATE_TEST_SUITE_P(Mpi, SequenceParallelTraining,
                          ::testing::Values(test::WorkerMesh{"Ulysses2", 2, "parallel.ulysses=2"},
+                                           // Wan 2.2 TI2V's timestep per token, split with the tokens
+                                           test::WorkerMesh{"Ulysses2xRing2FirstFrameKept", 4,
+                                                            "parallel.ulysses=2 parallel.ring=2 model.condition=\"first_frame\""},
                                            test::WorkerMesh{"Ring2Accumulating", 2, "parallel.ring=2 train.grad_accum=2"},
                                            test::WorkerMesh{"Ulysses2xRing2", 4, "parallel.ulysses=2 parallel.ring=2"},
                                            test::WorkerMesh{"Replicate2xUlysses2", 4, "parallel.replicate=2 parallel.ulysses=2"},

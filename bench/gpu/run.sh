@@ -172,7 +172,9 @@ fi
 # engine (CUDA and staged CPU tensors), and the multi-GPU code path on one GPU: one torchrun
 # process over NCCL with the mesh, layouts and gradient reduction of a cluster run, against the
 # plain one-process run (Torchrun.OneGpuOverNcclTrainsLikeThePlainRun), and Wan sampling on the GPU
-# with fp32 and bf16 DiT weights against the CPU (SampleGpu.*).
+# with fp32 and bf16 DiT weights against the CPU (SampleGpu.*), the two-expert denoise
+# (Experts.CudaSamplingMatchesCpu) and Wan 2.2 TI2V's timestep per token, whose modulation takes
+# the ATen composition instead of the fused kernels (Ti2v.CudaTimestepPerTokenMatchesCpu).
 FILTER='LayerNormModulate*:*Cuda*:*Gpu*'
 if [[ -x "$BUILD/vidit_tests" ]]; then
   say "vidit_tests --gtest_filter='$FILTER' -> $LOGS/tests.log"

@@ -129,7 +129,8 @@ int cmd_plan(const CommonOpts& o, int64_t world, double gpu_gib, const std::stri
                 "plan --sample '", sample, "': give FRAMESxWIDTHxHEIGHT, e.g. 81x832x480");
     r.frames = f, r.width = w, r.height = h;
     const SampleMemoryInputs in = sample_memory_inputs(cfg, r, sample_on == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA),
-                                                       world > 0 ? int(world) : 1);
+                                                       world > 0 ? int(world) : 1,
+                                                       cfg.data.codec == Codec::wan22_vae ? 16 : 8);  // the VAE's stride
     const SampleMemory m = predict_sample_memory(in);
     std::printf("%s", format_sample_memory(in, m).c_str());
     if (gpu_gib > 0) {  // --gpu-memory: does the busiest phase fit each rank's device?

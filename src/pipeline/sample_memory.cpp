@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "diffusion/frame_condition.h"
 #include "core/error.h"
 #include "model/model_info.h"
 #include "pipeline/sampling_ranks.h"
@@ -137,6 +138,8 @@ PhaseMemory denoise_phase(const SampleMemoryInputs& in) {
   add(busiest == at_fc2 ? "block at the MLP's fc2: 11 [B, L, dim] and 2 [B, L, ffn] tensors"
                         : busiest == at_cross ? "block at cross-attention: 12-13 [B, L, dim] tensors"
                                               : "block: 12 [B, L, dim] tensors", busiest);
+  if (fuses_first_frame(m))  // Wan 2.2 TI2V's timestep per token (model/dit.h)
+    add("a timestep per token: e [B, L, dim], e0 and one block's modulation [B, L, 6, dim] fp32", BL * D * 4 * 13);
   if (in.sp > 1)  // Ulysses' all-to-all inputs and outputs of q, k, v (ring: two key / value blocks in flight)
     add("sequence parallel: the exchanges' buffers, 4 [B, L/sp, dim]", 4 * BL * D * a / tp);
   l.p.activations = run;

@@ -128,14 +128,20 @@ TEST(Ti2v, ImageToVideoEqualsDiffusersWithExpandTimesteps) {
             std::string::npos);
 }
 
-TEST(Ti2v, TimestepPerTokenAllEqualIsThePerSampleForward) {
-  ModelConfig m;
+// A small DiT of the first-frame form (4 channels in and out), its modulations not zero; `m` its shape.
+DiT small_model(ModelConfig& m) {
   m.in_channels = m.out_channels = 4, m.patch = {1, 2, 2}, m.dim = 32, m.heads = 2, m.ffn_dim = 64, m.layers = 2;
   m.text_dim = 8, m.text_len = 4, m.freq_dim = 16;
   torch::manual_seed(0);
   DiT model(m);
   model->init_weights(5);
-  for (auto& p : model->parameters()) p.data().add_(0.05 * at::randn_like(p));  // modulations not zero
+  for (auto& p : model->parameters()) p.data().add_(0.05 * at::randn_like(p));
+  return model;
+}
+
+TEST(Ti2v, TimestepPerTokenAllEqualIsThePerSampleForward) {
+  ModelConfig m;
+  DiT model = small_model(m);
   torch::NoGradGuard ng;
   const at::Tensor x = at::randn({2, 4, 3, 4, 6}), text = at::randn({2, 4, 8});
   const at::Tensor t = at::tensor({300.0f, 800.0f});
@@ -148,6 +154,27 @@ TEST(Ti2v, TimestepPerTokenAllEqualIsThePerSampleForward) {
   EXPECT_GT(relative(kept, per_sample), 1e-4);
   EXPECT_NE(test::message_of([&] { model->forward(x, at::zeros({2, L + 1}), text); }).find("one per token"),
             std::string::npos);
+}
+
+// On a GPU the per-token modulation takes the ATen composition (the fused LayerNorm kernels
+// modulate per sample): the same output as the CPU's, in fp32 (TF32 off).
+TEST(Ti2v, CudaTimestepPerTokenMatchesCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  ModelConfig m;
+  DiT model = small_model(m);
+  torch::NoGradGuard ng;
+  const at::Tensor x = at::randn({2, 4, 3, 4, 6}), text = at::randn({2, 4, 8});
+  const at::Tensor t = first_frame_timesteps(at::tensor({300.0f, 800.0f}), x.sizes(), m.patch);
+  const at::Tensor cpu = model->forward(x, t, text);
+  const bool tf32 = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  model->to(at::Device(at::kCUDA, 0));
+  const at::Device gpu(at::kCUDA, 0);
+  const at::Tensor cuda = model->forward(x.to(gpu), t.to(gpu), text.to(gpu)).cpu();
+  at::globalContext().setAllowTF32CuBLAS(tf32);
+  const double err = relative(cuda, cpu);
+  std::printf("timestep per token, CUDA vs CPU (fp32): %.2e of max\n", err);
+  EXPECT_LT(err, 1e-4);
 }
 
 // A run of the TI2V form on a cache: each clip's first latent frame goes in clean with timestep 0

@@ -1,5 +1,7 @@
 #include "vae/tiling.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace vidit {
@@ -88,6 +90,49 @@ at::Tensor tiled_apply(const at::Tensor& x, int64_t tile, int64_t stride, int64_
     }
   }
   return out / weight_sum.to(out.scalar_type());
+}
+
+namespace {
+
+// b's first rows (dim -2, or columns: dim -1) become a's last ones faded into them, in place.
+void fade_into(const at::Tensor& a, at::Tensor& b, int64_t dim, int64_t extent) {
+  const int64_t e = std::min({a.size(dim), b.size(dim), extent});
+  if (e <= 0) return;
+  std::vector<int64_t> shape(size_t(b.dim()), 1);
+  shape[size_t(b.dim() + dim)] = e;
+  const at::Tensor w = (at::arange(e, b.options().dtype(at::kDouble)) / double(e)).to(b.scalar_type()).view(shape);
+  at::Tensor head = b.narrow(dim, 0, e);
+  head.copy_(a.narrow(dim, a.size(dim) - e, e) * (1 - w) + head * w);
+}
+
+}  // namespace
+
+at::Tensor blend_tiles_as_diffusers(const at::Tensor& x, int64_t tile, int64_t stride, int64_t out_stride, int64_t blend,
+                                    int64_t out_h, int64_t out_w, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  VIDIT_CHECK(tile > 0 && stride > 0 && out_stride > 0 && blend >= 0, "tiling: need tile, stride and out_stride > 0, "
+              "got ", tile, ", ", stride, ", ", out_stride);
+  const int64_t H = x.size(-2), W = x.size(-1);
+  std::vector<std::vector<at::Tensor>> rows;
+  for (int64_t i = 0; i < H; i += stride) {
+    rows.emplace_back();
+    for (int64_t j = 0; j < W; j += stride)
+      rows.back().push_back(
+          fn(x.slice(-2, i, std::min(i + tile, H)).slice(-1, j, std::min(j + tile, W))).contiguous());
+  }
+  std::vector<at::Tensor> kept_rows;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<at::Tensor> kept;
+    for (size_t j = 0; j < rows[i].size(); ++j) {
+      at::Tensor& t = rows[i][j];
+      VIDIT_CHECK(t.dim() >= 2 && t.sizes().slice(0, t.dim() - 2).equals(rows[0][0].sizes().slice(0, t.dim() - 2)),
+                  "tiling: tiles gave different leading dims: ", t.sizes(), " vs ", rows[0][0].sizes());
+      if (i > 0) fade_into(rows[i - 1][j], t, -2, blend);
+      if (j > 0) fade_into(rows[i][j - 1], t, -1, blend);
+      kept.push_back(t.slice(-2, 0, out_stride).slice(-1, 0, out_stride));
+    }
+    kept_rows.push_back(at::cat(kept, -1));
+  }
+  return at::cat(kept_rows, -2).slice(-2, 0, out_h).slice(-1, 0, out_w).contiguous();
 }
 
 }  // namespace vidit

@@ -8,6 +8,12 @@
 // to the next, (y+1)/(e+1) and its complement for an overlap of e output pixels; the output is
 // sum(w * tile) / sum(w), so weights always add to one. The blend hides seams; it does not make a
 // tiled run equal an untiled one when the function sees further than the overlap (the VAE does).
+//
+// blend_tiles_as_diffusers() is diffusers' AutoencoderKLWan tiling instead, for the Wan 2.2 VAE,
+// whose results are compared with diffusers': tiles start every stride until past the end (not
+// until one reaches it), each tile's output is blended into the one above and the one to the left
+// over a fixed extent (b = a * (1 - y/e) + b * y/e, in raster order, each blend seeing the earlier
+// ones), and only its first out_stride rows and columns are kept.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -40,5 +46,12 @@ struct TileShare {
 // start and end times num/den must be an integer (checked). Throws vidit::Error otherwise.
 at::Tensor tiled_apply(const at::Tensor& x, int64_t tile, int64_t stride, int64_t num, int64_t den,
                        const std::function<at::Tensor(const at::Tensor&)>& fn, const TileShare* share = nullptr);
+
+// diffusers' tiling (above): fn on x[..., i:i+tile, j:j+tile] for i, j = 0, stride, ... below the
+// last two dims' sizes; outputs blended over `blend` output pixels and cut to out_stride each;
+// the whole cut to out_h x out_w. Throws vidit::Error when the tiles' outputs differ in their
+// leading dims.
+at::Tensor blend_tiles_as_diffusers(const at::Tensor& x, int64_t tile, int64_t stride, int64_t out_stride, int64_t blend,
+                                    int64_t out_h, int64_t out_w, const std::function<at::Tensor(const at::Tensor&)>& fn);
 
 }  // namespace vidit

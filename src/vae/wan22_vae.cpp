@@ -297,8 +297,12 @@ VaeMoments Wan22VAEImpl::encode(const at::Tensor& video, const VaeRunOptions& op
   if (t.enabled && (video.size(3) > t.tile || video.size(4) > t.tile)) {
     VIDIT_CHECK(t.tile % sf == 0 && t.stride % sf == 0, "VAE tiling: tile (", t.tile, ") and stride (", t.stride,
                 ") must be multiples of ", sf, " pixels for the Wan 2.2 VAE");
-    moments = tiled_apply(video, t.tile, t.stride, 1, sf,
-                          [&](const at::Tensor& tile) { return encode_untiled(tile, opts.chunked); });
+    // diffusers tiles the patchified video by tile and stride (patch_size times as many pixels)
+    // and blends the latents over (tile - stride) / (16 / patch_size) of them.
+    const int64_t p = cfg.patch_size, r = sf / p;
+    moments = blend_tiles_as_diffusers(video, p * t.tile, p * t.stride, t.stride / r, t.tile / r - t.stride / r,
+                                       video.size(3) / sf, video.size(4) / sf,
+                                       [&](const at::Tensor& tile) { return encode_untiled(tile, opts.chunked); });
   } else {
     moments = encode_untiled(video, opts.chunked);
   }
@@ -307,6 +311,10 @@ VaeMoments Wan22VAEImpl::encode(const at::Tensor& video, const VaeRunOptions& op
 }
 
 at::Tensor Wan22VAEImpl::decode_untiled(const at::Tensor& z, bool chunked) {
+  return wan22_unpatchify(decode_patchified(z, chunked), cfg.patch_size);
+}
+
+at::Tensor Wan22VAEImpl::decode_patchified(const at::Tensor& z, bool chunked) {
   const at::Tensor x = post_quant_conv->forward(z);
   at::Tensor out;
   if (!chunked) {
@@ -321,7 +329,7 @@ at::Tensor Wan22VAEImpl::decode_untiled(const at::Tensor& z, bool chunked) {
     }
     out = at::cat(frames, 2);
   }
-  return wan22_unpatchify(out, cfg.patch_size);
+  return out;
 }
 
 at::Tensor Wan22VAEImpl::decode_raw(const at::Tensor& z, const VaeRunOptions& opts) {
@@ -332,8 +340,15 @@ at::Tensor Wan22VAEImpl::decode_raw(const at::Tensor& z, const VaeRunOptions& op
   if (t.enabled && (z.size(3) * sf > t.tile || z.size(4) * sf > t.tile)) {
     VIDIT_CHECK(t.tile % sf == 0 && t.stride % sf == 0, "VAE tiling: tile (", t.tile, ") and stride (", t.stride,
                 ") must be multiples of ", sf, " pixels for the Wan 2.2 VAE");
-    return tiled_apply(z, t.tile / sf, t.stride / sf, sf, 1,
-                       [&](const at::Tensor& tile) { return decode_untiled(tile, opts.chunked); }, opts.share);
+    // Latent tiles of tile / 16, blended in the patchified output over (tile - stride) / patch_size
+    // of its pixels, as diffusers blends, then unpatchified whole. (opts.share is not used: every
+    // process that decodes computes all tiles.)
+    const int64_t p = cfg.patch_size, r = sf / p;
+    return wan22_unpatchify(
+        blend_tiles_as_diffusers(z, t.tile / sf, t.stride / sf, t.stride / p, t.tile / p - t.stride / p, z.size(3) * r,
+                                 z.size(4) * r,
+                                 [&](const at::Tensor& tile) { return decode_patchified(tile, opts.chunked); }),
+        p);
   }
   return decode_untiled(z, opts.chunked);
 }

@@ -179,6 +179,9 @@ struct Wan22VAEImpl : torch::nn::Module {
   // parameters without memory). Throws vidit::Error on a bad config.
   explicit Wan22VAEImpl(const Wan22VAEConfig& cfg = {}, const at::TensorOptions& options = {});
 
+  // Tiling (opts.tiling, diffusers' enable_tiling values: tile and stride multiples of 16): the
+  // encoder tiles the patchified video by them (patch_size times as many pixels), the decoder
+  // tiles the latents by tile / 16 and blends in the patchified output: diffusers' tiles and blend.
   // video [B, 3, T, H, W], T = 1 + 4k, H and W multiples of 16 -> the posterior's mean and logvar
   // [B, z_dim, 1 + k, H/16, W/16] (logvar clamped to [-30, 20] as diffusers' posterior does).
   // Throws vidit::Error on any other shape.
@@ -205,6 +208,7 @@ struct Wan22VAEImpl : torch::nn::Module {
  private:
   at::Tensor encode_untiled(const at::Tensor& video, bool chunked);  // [B, 2*z_dim, ...]
   at::Tensor decode_untiled(const at::Tensor& z, bool chunked);      // unclamped RGB
+  at::Tensor decode_patchified(const at::Tensor& z, bool chunked);   // the same before unpatchify
 };
 TORCH_MODULE(Wan22VAE);
 

@@ -15,7 +15,10 @@ it; tests only, never the product).
                               latents: (mean - latents_mean) / latents_std as the pipelines use
                               them; decoded: decode(mean) as diffusers returns it (clamped to
                               [-1,1]); decoded_raw: the same before that clamp (the decoder's
-                              chunks, captured by a forward hook, unpatchified).
+                              chunks, captured by a forward hook, unpatchified);
+                              tiled_mean, tiled_decoded: the first video's mean and decode with
+                              enable_tiling(32, 32, 16, 16) (the encoder's tiles in the
+                              patchified video, the decoder's blend in the patchified output).
 
 Exit status: 0 done, 1 the reference disagrees with itself, 2 bad usage, 3 diffusers missing or too
 old for the Wan 2.2 VAE.
@@ -83,6 +86,16 @@ def make(out):
            "decoded_raw": decoded_raw.contiguous()}
     if not torch.equal(decoded_raw.clamp(-1, 1), decoded):
         die("the captured raw decode does not clamp to diffusers' decode: the hook missed a chunk", 1)
+    # Tiled (enable_tiling with 32-pixel tiles every 16): the encoder tiles the patchified video,
+    # the decoder tiles the latents and blends in the patchified space.
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
+                      tile_sample_stride_width=16)
+    with torch.no_grad():
+        res["tiled_mean"] = vae.encode(video[:1]).latent_dist.mean.contiguous()
+        res["tiled_decoded"] = vae.decode(mean[:1]).sample.contiguous()
+    vae.disable_tiling()
+    if torch.allclose(res["tiled_mean"], mean[:1], atol=1e-3) or torch.allclose(res["tiled_decoded"], decoded[:1], atol=1e-3):
+        die("tiling changed nothing: the tiles do not overlap the way this reference expects", 1)
     save_file(res, str(out / "io.safetensors"))
     print(f"made {out}: mean {tuple(mean.shape)}, decoded {tuple(decoded.shape)}, "
           f"max |decoded_raw| {decoded_raw.abs().max().item():.4g}")

@@ -775,8 +775,14 @@ int cmd_export(const std::string& format, const std::string& from, const std::st
   }
   const uint64_t shard = uint64_t(shard_gb * 1e9);
   if (!pipeline.empty()) {
-    VIDIT_CHECK(format == "diffusers", "vidit export --pipeline writes diffusers' pipeline layout; drop --format ", format);
-    const PipelineExport p = write_diffusers_pipeline(w.weights, w.config.model, pipeline, out, shard, w.config.train.expert);
+    // A release in diffusers' layout, or Wan 2.2's own two-expert layout (no model_index.json).
+    const bool official = !std::filesystem::exists(std::filesystem::path(pipeline) / "model_index.json") &&
+                          std::filesystem::is_directory(std::filesystem::path(pipeline) / "high_noise_model");
+    VIDIT_CHECK(format == (official ? "wan" : "diffusers") || format == "diffusers", "vidit export --pipeline writes "
+                "the release's own layout; drop --format ", format);
+    const PipelineExport p =
+        official ? write_official_expert_release(w.weights, w.config.model, pipeline, out, shard, w.config.train.expert)
+                 : write_diffusers_pipeline(w.weights, w.config.model, pipeline, out, shard, w.config.train.expert);
     std::string parts;
     for (const auto& c : p.components) parts += (parts.empty() ? "" : ", ") + c;
     std::printf("exported %s (step %lld, %s weights%s) to %s as a %s: %s/ written, %s from %s "

@@ -194,7 +194,8 @@ TEST(Experts, CudaSamplingMatchesCpu) {
 
 // As a user trains Wan 2.2: the low-noise expert of a two-expert release, trained alone (`vidit
 // train` from the release's root), exported into the release's transformer_2/ (the high-noise
-// expert and the rest linked), and the result sampled by `vidit sample --weights`.
+// expert and the rest linked), and into Wan's own layout (low_noise_model/), and the result
+// sampled by `vidit sample --weights`.
 TEST(Experts, TrainOneExpertExportItAndSampleTheRelease) {
   VIDIT_UMT5_REFERENCE(ref);
   test::ScratchDir dir("experts_train");
@@ -222,6 +223,38 @@ TEST(Experts, TrainOneExpertExportItAndSampleTheRelease) {
   ASSERT_EQ(trained.size(), low.size());
   for (const auto& [k, v] : trained) EXPECT_TRUE(at::equal(low.at(k), v)) << k;
   EXPECT_FALSE(at::equal(low.at("blocks.0.ffn.0.weight"), read_transformer_weights(release + "/transformer_2").at("blocks.0.ffn.0.weight")));
+
+  // Wan 2.2's own layout: the same experts as high_noise_model/ and low_noise_model/ beside the
+  // other files; the run's expert is written into low_noise_model/ under official names (the
+  // release's config.json kept), the rest linked, and the result reads as a two-expert release.
+  {
+    const std::string official = dir / "official";
+    const ModelConfig shape = find_experts(release)->model;
+    write_wan_transformer(read_transformer_weights(release + "/transformer"), shape, official + "/high_noise_model");
+    write_wan_transformer(read_transformer_weights(release + "/transformer_2"), shape, official + "/low_noise_model");
+    fs::create_directories(official + "/google/umt5-xxl");
+    std::ofstream(official + "/google/umt5-xxl/tokenizer.json") << "{}";
+    std::ofstream(official + "/Wan2.1_VAE.safetensors") << "not read here";
+    const std::string mine = dir / "official_mine";
+    r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + mine + " --pipeline " + official +
+                          " 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("low_noise_model/ written"), std::string::npos) << r.output;
+    const TensorMap written = read_transformer_weights(mine + "/low_noise_model");
+    for (const auto& [k, v] : trained) EXPECT_TRUE(at::equal(written.at(k), v)) << k;
+    for (const char* linked : {"/high_noise_model/config.json", "/low_noise_model/config.json", "/Wan2.1_VAE.safetensors",
+                               "/google/umt5-xxl/tokenizer.json"})
+      EXPECT_GT(fs::hard_link_count(mine + linked), 1u) << linked;
+    const std::optional<ExpertRelease> again = find_experts(mine);
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->boundary, 0.875);
+    // A folder that is neither layout is named, and nothing is written.
+    r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + (dir / "official_2") +
+                          " --pipeline " + (dir / "run") + " 2>&1");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.output.find("has no model_index.json"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "official_2"));
+  }
 
   // The exported release sampled as it ships (the text encoder linked in: the reference has none).
   fs::create_directory_symlink(ref + "/pipe/text_encoder", out + "/text_encoder");

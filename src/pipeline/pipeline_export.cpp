@@ -1,9 +1,12 @@
-// A transformer and a release's other components as one diffusers pipeline folder (see the header).
+// A transformer and a release's other components as one release folder: diffusers' pipeline layout, or
+// Wan 2.2's own two-expert layout (see the header).
 #include "pipeline/pipeline_export.h"
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -53,6 +56,29 @@ void link_tree(const fs::path& from, const fs::path& to, PipelineExport& report)
     }
     fs::copy_file(source, to / rel);  // another file system (or links not allowed): copy
     ++report.copied_files, report.copied_bytes += bytes;
+  }
+}
+
+// `out` made by `fill` in a sibling folder renamed into place when whole; `out` must not exist, or
+// be an empty folder. A failure removes the sibling and leaves `out` as it was.
+void build_folder(const std::string& out, const std::function<void(const fs::path&)>& fill) {
+  const fs::path target = fs::path(out).lexically_normal().has_filename() ? fs::path(out).lexically_normal()
+                                                                          : fs::path(out).lexically_normal().parent_path();
+  if (fs::exists(target))
+    VIDIT_CHECK(fs::is_directory(target) && fs::is_empty(target), "vidit export: '", target.string(),
+                "' exists and is not an empty folder; give a new folder (nothing there was changed)");
+  const fs::path tmp = target.parent_path() / (target.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  try {
+    if (!target.parent_path().empty()) fs::create_directories(target.parent_path());
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    fill(tmp);
+    if (fs::exists(target)) fs::remove(target);  // empty (checked above)
+    fs::rename(tmp, target);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
   }
 }
 
@@ -121,27 +147,63 @@ PipelineExport write_diffusers_pipeline(const TensorStream& official, const Mode
     report.components.push_back(name);
   }
 
-  const fs::path target = fs::path(out).lexically_normal().has_filename() ? fs::path(out).lexically_normal()
-                                                                          : fs::path(out).lexically_normal().parent_path();
-  if (fs::exists(target))
-    VIDIT_CHECK(fs::is_directory(target) && fs::is_empty(target), "vidit export: '", target.string(),
-                "' exists and is not an empty folder; give a new folder (nothing there was changed)");
-  const fs::path tmp = target.parent_path() / (target.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  try {
-    if (!target.parent_path().empty()) fs::create_directories(target.parent_path());
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
+  build_folder(out, [&](const fs::path& tmp) {
     write_diffusers_transformer(official, m, (tmp / report.transformer).string(), max_shard_bytes);
     for (const std::string& part : report.components) link_tree(base / part, tmp / part, report);
     index[report.transformer] = json::array({"diffusers", "WanTransformer3DModel"});
     write_file_atomic((tmp / "model_index.json").string(), index.dump(2) + "\n");
-    if (fs::exists(target)) fs::remove(target);  // empty (checked above)
-    fs::rename(tmp, target);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
+  return report;
+}
+
+PipelineExport write_official_expert_release(const TensorStream& official, const ModelConfig& m,
+                                            const std::string& release, const std::string& out,
+                                            uint64_t max_shard_bytes, Expert expert) {
+  const fs::path base(release);
+  const std::optional<ExpertRelease> experts = find_experts(release);
+  VIDIT_CHECK(experts && fs::is_directory(base / "high_noise_model"), "--pipeline '", release, "' has no "
+              "model_index.json and is not an official two-expert release (high_noise_model/, low_noise_model/): give "
+              "a release in diffusers' layout or Wan 2.2's own");
+  VIDIT_CHECK(expert != Expert::none, "--pipeline '", release, "' holds two experts, but the run trained one model "
+              "(train.expert = \"none\"); give a one-transformer release");
+  VIDIT_CHECK(experts->boundary == m.boundary, "--pipeline '", release, "' splits its experts at ", experts->boundary,
+              " but the run's model.boundary is ", m.boundary, ": its expert was trained for other noise levels");
+  PipelineExport report;
+  report.pipeline_class = "Wan 2.2 official";
+  report.transformer = expert == Expert::high ? "high_noise_model" : "low_noise_model";
+  const ModelConfig& r = experts->model;
+  auto same = [&](const char* key, int64_t ours, int64_t theirs) {
+    VIDIT_CHECK(ours == theirs, "--pipeline '", release, "': its experts have ", key, " = ", theirs,
+                " but the checkpoint's model has ", ours, "; give the release the run was trained from");
+  };
+  same("model.dim", m.dim, r.dim), same("model.ffn_dim", m.ffn_dim, r.ffn_dim), same("model.layers", m.layers, r.layers);
+  same("model.heads", m.heads, r.heads), same("model.in_channels", m.in_channels, r.in_channels);
+  same("model.out_channels", m.out_channels, r.out_channels), same("model.text_dim", m.text_dim, r.text_dim);
+  const fs::path own_config = base / report.transformer / "config.json";
+  build_folder(out, [&](const fs::path& tmp) {
+    // The expert under official names; the release's own config.json kept beside it (the shape
+    // checked above), so Wan's code reads the folder as it read the release's.
+    write_wan_transformer(official, m, (tmp / report.transformer).string(), max_shard_bytes);
+    if (fs::is_regular_file(own_config)) {
+      fs::remove(tmp / report.transformer / "config.json");
+      std::error_code ec;
+      fs::create_hard_link(own_config, tmp / report.transformer / "config.json", ec);
+      if (ec) fs::copy_file(own_config, tmp / report.transformer / "config.json");
+    }
+    for (const auto& entry : fs::directory_iterator(base)) {
+      const std::string name = entry.path().filename().string();
+      if (name == report.transformer) continue;
+      report.components.push_back(name);
+      if (entry.is_directory()) {
+        link_tree(entry.path(), tmp / name, report);
+      } else if (entry.is_regular_file()) {
+        std::error_code ec;
+        fs::create_hard_link(fs::canonical(entry.path()), tmp / name, ec);
+        if (ec) fs::copy_file(entry.path(), tmp / name), ++report.copied_files, report.copied_bytes += entry.file_size();
+        else ++report.linked_files, report.linked_bytes += entry.file_size();
+      }
+    }
+  });
   return report;
 }
 

@@ -42,4 +42,14 @@ std::string pipeline_class_for(const ModelConfig& m);
 PipelineExport write_diffusers_pipeline(const TensorStream& official, const ModelConfig& m, const std::string& release,
                                         const std::string& out, uint64_t max_shard_bytes, Expert expert = Expert::none);
 
+// The same into Wan 2.2's own two-expert layout (model/experts.h): the run's expert written under
+// official names into high_noise_model/ or low_noise_model/ (the release's config.json kept
+// beside it), and every other file and folder of the release hard-linked (else copied): Wan's
+// generate.py reads `out` as it reads the release. Throws vidit::Error naming the release and the
+// key when it is not such a release, the run is not one of its experts (train.expert), the
+// boundary or the experts' shape differs, or `out` exists and is not empty.
+PipelineExport write_official_expert_release(const TensorStream& official, const ModelConfig& m,
+                                            const std::string& release, const std::string& out,
+                                            uint64_t max_shard_bytes, Expert expert);
+
 }  // namespace vidit

@@ -272,7 +272,8 @@ at::Tensor denoise_latents(const Config& cfg, const TensorMap& whole, const std:
 int64_t vae_stride(const WanWeights& w, const ModelConfig& m) {
   if (!is_wan22_vae(w.vae)) {
     VIDIT_CHECK(m.out_channels != 48, "the transformer denoises 48 latent channels (Wan 2.2's VAE, TI2V-5B) but the VAE '",
-                w.vae, "' is not the Wan 2.2 VAE; give the release's own vae/ (--vae DIR)");
+                w.vae, "' is not the Wan 2.2 VAE in diffusers' layout (a vae/ folder with its config.json); give "
+                "--vae Wan2.2-TI2V-5B-Diffusers/vae (vidit does not read the official Wan2.2_VAE.pth)");
     return 8;
   }
   const int64_t z = wan22_vae_config_from_diffusers(find_vae_files(w.vae).config).z_dim;
@@ -371,7 +372,8 @@ VideoResult generate_video(const Config& cfg, const WanWeights& weights, const V
     VaeRunOptions ro;
     ro.tiling.enabled = request.width > 512 || request.height > 512;
     TileShare share;
-    if (many && ro.tiling.enabled) share = tile_share(*ranks, device), ro.share = &share;
+    // (The Wan 2.2 VAE tiles as diffusers does, on the rank that decodes: rank 0.)
+    if (many && ro.tiling.enabled && !wan22) share = tile_share(*ranks, device), ro.share = &share;
     if (lead || ro.share) {
       const at::TensorOptions on = at::TensorOptions().device(device);
       const at::Tensor video = wan22 ? open_wan22_vae(weights.vae, on)->decode_latents(out.latents.to(device), ro)

@@ -231,7 +231,8 @@ TEST(Ti2v, TrainingKeepsEachClipsFirstFrameClean) {
 
 // The first-frame form as a user runs it: `vidit prepare` with the Wan 2.2 VAE on real clips,
 // `vidit train` from the release's transformer (each clip's first latent frame kept), and
-// `vidit export --pipeline` into the release, whose model_index.json asks for a timestep per token.
+// `vidit export --pipeline` into the release, whose model_index.json asks for a timestep per token,
+// and diffusers' WanImageToVideoPipeline opens the result and samples from a picture.
 TEST(Ti2v, PrepareTrainAndExportARunOfTheFirstFrameForm) {
   SKIP_WITHOUT_DECODING();
   namespace fs = std::filesystem;
@@ -279,6 +280,11 @@ TEST(Ti2v, PrepareTrainAndExportARunOfTheFirstFrameForm) {
   const TensorMap exported = read_transformer_weights(pipe + "/transformer"),
                   trained = read_checkpoint_weights(dir / "run").weights;
   for (const auto& [k, v] : trained) EXPECT_TRUE(at::equal(exported.at(k), v)) << k;
+  // diffusers opens the exported folder and samples from a picture with a timestep per token.
+  r = test::run_process(test::python() + " " + test::reference_script("diffusers_ti2v_reference.py") + " open " + pipe +
+                        " " + png + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("WanImageToVideoPipeline with expand_timesteps"), std::string::npos) << r.output;
   // A release whose pipelines take one timestep per sample would sample it wrong: refused by name.
   fs::create_directories(dir / "plain");
   std::ofstream(dir / "plain/model_index.json") << R"({"_class_name": "WanImageToVideoPipeline"})";

@@ -80,7 +80,13 @@ FrameEncoder codec_encoder(const Config& cfg) {
     };
   }
   const at::Device device = encode_device(cfg);
-  if (cfg.data.codec == Codec::wan22_vae) return vae_encoder(shared_vae<Wan22VAE>(cfg, &open_wan22_vae), device);
+  if (cfg.data.codec == Codec::wan22_vae) {
+    auto vae = shared_vae<Wan22VAE>(cfg, &open_wan22_vae);
+    VIDIT_CHECK((*vae)->cfg.z_dim == cfg.model.out_channels, cfg.source, ": data.vae_weights '", cfg.data.vae_weights,
+                "' is the Wan 2.2 VAE of ", (*vae)->cfg.z_dim, " latent channels but model.out_channels is ",
+                cfg.model.out_channels, "; a cache made so would not train this model (Wan 2.2 TI2V-5B: 48)");
+    return vae_encoder(vae, device);
+  }
   return vae_encoder(shared_vae(cfg), device);
 }
 

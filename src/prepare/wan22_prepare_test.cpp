@@ -61,6 +61,13 @@ TEST(Wan22Prepare, CachesTheVaesPosteriorOfTheClips) {
     EXPECT_LE(relative_deviation(got, want), 1e-5) << e.key;
     EXPECT_GT(ours.load(i).std.abs().max().item<double>(), 0) << e.key;  // a real posterior spread
   }
+  // A model of other latent channels is refused before anything is encoded.
+  auto other = test::run_process(p.vidit("prepare") + " --set" + buckets + " data.codec=\"wan22_vae\" data.vae_weights=\"" +
+                                 vae_dir + "\" model.in_channels=16 model.out_channels=16 data.cache_dir=\"" +
+                                 (p.dir / "other") + "\"");
+  EXPECT_NE(other.status, 0);
+  EXPECT_NE(other.output.find("Wan 2.2 VAE of 8 latent channels but model.out_channels is 16"), std::string::npos)
+      << other.output;
   // The Wan 2.2 VAE wants 16-pixel buckets: a config with 8 is refused by key.
   auto refused = test::run_process(p.vidit("prepare") + " --set buckets.multiple=8 data.codec=\"wan22_vae\"");
   EXPECT_NE(refused.status, 0);

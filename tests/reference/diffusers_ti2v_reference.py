@@ -20,9 +20,16 @@ such a release (src/pipeline/ti2v_test.cpp runs it; tests only, never the produc
         diffusers.utils.load_image) the picture is the first frame: its latent kept in place of the
         first latent frame, whose tokens get timestep 0.
 
-Exit status: 0 done, 2 bad usage, 3 diffusers missing or without expand_timesteps.
+    diffusers_ti2v_reference.py open DIR IMAGE
+        Opens DIR with WanImageToVideoPipeline.from_pretrained (what `vidit export --pipeline`
+        wrote), checks that it asks for a timestep per token, samples 2 steps from IMAGE and random
+        prompt embeddings at the sizes above, and prints the pipeline's class and the latents' shape.
+
+Exit status: 0 done, 1 the folder does not sample as TI2V, 2 bad usage, 3 diffusers missing or
+without expand_timesteps.
 """
 import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -49,7 +56,31 @@ FRAMES, HEIGHT, WIDTH, STEPS, SHIFT = 9, 64, 96, 6, 5.0
 TEXT_LEN, TEXT_DIM = 512, 64
 
 
+def open_and_sample(folder, image_path):
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:  # from_pretrained wants accelerate for this list, which matters only below fp32
+        WanTransformer3DModel._keep_in_fp32_modules = None
+    index = json.loads((Path(folder) / "model_index.json").read_text())
+    absent = {k: None for k in ("text_encoder", "tokenizer", "transformer_2", "image_encoder", "image_processor")
+              if index.get(k, [None])[0] is None}
+    pipe = WanImageToVideoPipeline.from_pretrained(folder, **absent)
+    if not pipe.config.expand_timesteps:
+        die(f"{folder}: the pipeline does not take a timestep per token (expand_timesteps)", 1)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randn(1, TEXT_LEN, pipe.transformer.config.text_dim, generator=g)
+    with torch.no_grad():
+        latents = pipe(image=load_image(image_path), prompt_embeds=prompt, negative_prompt_embeds=torch.zeros_like(prompt),
+                       height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=2, guidance_scale=5.0,
+                       output_type="latent", generator=g).frames
+    if not torch.isfinite(latents).all():
+        die(f"{folder}: the pipeline's latents are not finite", 1)
+    print(f"opened {folder}: {type(pipe).__name__} with expand_timesteps; latents {tuple(latents.shape)}")
+
+
 def main(argv):
+    if len(argv) == 3 and argv[0] == "open":
+        return open_and_sample(argv[1], argv[2])
     if len(argv) not in (1, 2):
         die(__doc__, 2)
     out = Path(argv[0])

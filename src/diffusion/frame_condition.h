@@ -20,7 +20,7 @@
 // place of the noisy one before every call and in the result, and its tokens are given timestep 0
 // (a timestep per token, model/dit.h), diffusers' expand_timesteps. The VAE is causal, so a clip's
 // own first latent frame is its first picture's latent: training keeps x0's first frame and
-// learns on the frames after it.
+// learns on the frames after it (a clip of one latent frame trains as text-to-video).
 #pragma once
 #include <ATen/ATen.h>
 

@@ -180,6 +180,9 @@ PipelineExport write_official_expert_release(const TensorStream& official, const
   same("model.heads", m.heads, r.heads), same("model.in_channels", m.in_channels, r.in_channels);
   same("model.out_channels", m.out_channels, r.out_channels), same("model.text_dim", m.text_dim, r.text_dim);
   const fs::path own_config = base / report.transformer / "config.json";
+  const fs::path whole_base = fs::weakly_canonical(base), whole_out = fs::weakly_canonical(out);
+  VIDIT_CHECK(whole_out.string().rfind(whole_base.string() + "/", 0) != 0, "vidit export: '", out, "' lies inside the "
+              "release '", release, "', whose every file is linked into it; give a folder outside the release");
   build_folder(out, [&](const fs::path& tmp) {
     // The expert under official names; the release's own config.json kept beside it (the shape
     // checked above), so Wan's code reads the folder as it read the release's.

@@ -230,7 +230,8 @@ TEST(Ti2v, TrainingKeepsEachClipsFirstFrameClean) {
 }
 
 // The first-frame form as a user runs it: `vidit prepare` with the Wan 2.2 VAE on real clips,
-// `vidit train` from the release's transformer (each clip's first latent frame kept), and
+// `vidit train` from the release's transformer (each clip's first latent frame kept; sample.every
+// continuing a clip's first frame, decoded by the Wan 2.2 VAE), and
 // `vidit export --pipeline` into the release, whose model_index.json asks for a timestep per token,
 // and diffusers' WanImageToVideoPipeline opens the result and samples from a picture.
 TEST(Ti2v, PrepareTrainAndExportARunOfTheFirstFrameForm) {
@@ -261,7 +262,7 @@ TEST(Ti2v, PrepareTrainAndExportARunOfTheFirstFrameForm) {
                         << "[buckets]\nresolutions = [78]\naspect_ratios = [1.5]\nframes = [9]\nframe_stride = 4\n"
                         << "multiple = 16\n[train]\nbatch_size = 2\nsteps = 2\nthreads = 1\nlog_every = 1\nlr = 1e-4\n"
                         << "warmup_steps = 0\ndevice = \"cpu\"\nout_dir = \"" << (dir / "run") << "\"\ninit_from = \""
-                        << release << "/transformer\"\n";
+                        << release << "/transformer\"\n[sample]\nevery = 2\nsteps = 2\ncount = 1\n";
   auto r = test::run_process(std::string(VIDIT_BINARY) + " prepare --config " + config + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.output;
   const LatentCache cache(dir / "cache");
@@ -273,6 +274,8 @@ TEST(Ti2v, PrepareTrainAndExportARunOfTheFirstFrameForm) {
   r = test::run_process(std::string(VIDIT_BINARY) + " train --config " + config + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("step      2/2"), std::string::npos) << r.output;
+  // sample.every: a clip's own first frame continued by the model, decoded by the Wan 2.2 VAE.
+  EXPECT_NE(r.output.find("[sample] step 2: 1 video(s)"), std::string::npos) << r.output;
   const std::string pipe = dir / "exported";
   r = test::run_process(std::string(VIDIT_BINARY) + " export " + (dir / "run") + " " + pipe + " --pipeline " + release +
                         " 2>&1");

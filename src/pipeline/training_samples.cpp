@@ -65,7 +65,11 @@ namespace {
 // features on `p`; nothing for text-to-video.
 void take_condition(const Config& cfg, const LatentCache& cache, int64_t i, SamplePrompt& p) {
   const auto& m = cfg.model;
-  if (m.condition == FrameCondition::none) return;
+  if (fuses_first_frame(m)) {  // the clip's own first latent frame: what training keeps clean
+    p.first = cache.load(i).mean.to(at::kFloat).narrow(1, 0, 1).contiguous();
+    return;
+  }
+  if (!appends_condition(m)) return;
   const LatentCache::Loaded s = cache.load(i);
   VIDIT_CHECK(s.cond.defined(), "sample.every: sample ", cache.entry(i).key, " of ", cache.dir(),
               " has no condition latent; prepare the cache with model.condition set");
@@ -83,7 +87,15 @@ at::Tensor prompt_forward(DiT& model, const SamplePrompt& p, const at::Tensor& x
   const at::Tensor cond = p.condition.defined() ? p.condition.unsqueeze(0).to(x.device()) : at::Tensor();
   const at::Tensor img =
       p.image.defined() ? p.image.unsqueeze(0).to(x.device()).expand({x.size(0), -1, -1}) : at::Tensor();
+  if (p.first.defined())  // Wan 2.2 TI2V: the first frame kept, its tokens at timestep 0
+    return model->forward(keep_first_frame(x, p.first.unsqueeze(0).to(x.device())),
+                          first_frame_timesteps(t, x.sizes(), model->cfg.patch), txt, img);
   return model->forward(with_frame_condition(x, cond), t, txt, img);
+}
+
+// The sampled latents with the prompt's kept first frame in place (Wan 2.2 TI2V), else as they are.
+at::Tensor with_kept_first(const SamplePrompt& p, const at::Tensor& latents) {
+  return p.first.defined() ? keep_first_frame(latents, p.first.unsqueeze(0).to(latents.device())) : latents;
 }
 
 }  // namespace
@@ -225,7 +237,7 @@ std::vector<at::Tensor> TrainingSamples::latents(const TensorMap& weights) const
     cur = i;
     at::Tensor lat = sample_latents(field, noise(i), prompts_[i].text.unsqueeze(0).to(device_), negative_text_.to(device_),
                                     cfg_.sample);
-    latents.push_back(lat[0].to(at::kCPU));
+    latents.push_back(with_kept_first(prompts_[i], lat)[0].to(at::kCPU));
   }
   return latents;  // the copy of the model goes before the VAE comes
 }
@@ -253,6 +265,7 @@ void TrainingSamples::share(Comm& world) {
     p.text = broadcast_any(world, lead ? p.text : at::Tensor(), 0, at::kCPU);
     at::Tensor shape = broadcast_any(world, lead ? at::tensor(p.latent_shape, at::kLong) : at::Tensor(), 0, at::kCPU);
     p.latent_shape.assign(shape.data_ptr<int64_t>(), shape.data_ptr<int64_t>() + shape.numel());
+    if (fuses_first_frame(cfg_.model)) p.first = broadcast_any(world, lead ? p.first : at::Tensor(), 0, at::kCPU);
     if (appends_condition(cfg_.model)) {
       p.condition = broadcast_any(world, lead ? p.condition : at::Tensor(), 0, at::kCPU);
       if (cfg_.model.image_dim > 0) p.image = broadcast_any(world, lead ? p.image : at::Tensor(), 0, at::kCPU);
@@ -290,7 +303,7 @@ std::vector<at::Tensor> TrainingSamples::latents_on_mesh(DiT& model, const Mesh&
     cur = j;
     at::Tensor lat = sample_latents(field, noise(j), prompts_[j].text.unsqueeze(0).to(device_),
                                     negative_text_.to(device_), cfg_.sample);
-    if (i < n) mine[i] = lat[0].to(at::kCPU);
+    if (i < n) mine[i] = with_kept_first(prompts_[j], lat)[0].to(at::kCPU);
   }
   // The latents to rank 0 from the first member of each data-parallel rank's group.
   const auto& world = mesh.world();

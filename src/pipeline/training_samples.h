@@ -48,6 +48,9 @@ struct SamplePrompt {
   // latent) and CLIP features [tokens, D]; the clip's own, or for a named prompt the first clip
   // of its bucket. Undefined for text-to-video.
   at::Tensor condition, image;
+  // Wan 2.2 TI2V's first-frame form (diffusion/frame_condition.h): the clip's first latent frame
+  // [C, 1, H, W], kept in place of the sample's; undefined otherwise.
+  at::Tensor first;
 };
 
 // The prompts of a run as described above. Throws vidit::Error when sample.prompts is set but the

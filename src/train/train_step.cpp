@@ -93,8 +93,9 @@ StepResult Trainer::step() {
     auto dev = [&](const at::Tensor& t) { return t.to(device_, t.scalar_type(), /*non_blocking=*/t.is_pinned()); };
     const at::Tensor clean = dev(x0);
     FlowSample fs = make_flow_sample(clean, dev(noise), dev(sigma));
-    // Wan 2.2 TI2V: the clip's first latent frame kept clean at timestep 0, the loss on the rest.
-    if (fuses_first_frame(cfg_.model)) {
+    // Wan 2.2 TI2V: the clip's first latent frame kept clean at timestep 0, the loss on the rest
+    // (a clip of one latent frame trains as text-to-video: nothing would be left to learn).
+    if (fuses_first_frame(cfg_.model) && clean.size(2) > 1) {
       fs.x_t = keep_first_frame(fs.x_t, clean.narrow(2, 0, 1));
       fs.timestep = first_frame_timesteps(fs.timestep, clean.sizes(), cfg_.model.patch);
     }

@@ -27,6 +27,23 @@ Validator::Validator(const Config& cfg, ValidationSet set, at::Device device)
               served.hi, "), the range train.expert = \"", name_of(cfg.train.expert),
               "\" trains; give train.val_sigmas inside it");
   VIDIT_CHECK(!set_.indices.empty(), "the validation set of ", set_.cache->dir(), " holds no clips");
+  // Every held-out clip fits the model, checked on every rank before the first validation (a
+  // clip that failed in the forward on one rank would leave the others waiting in a collective).
+  const auto& m = cfg.model;
+  for (int64_t i : set_.indices) {
+    const CacheIndexEntry& e = set_.cache->entry(i);
+    VIDIT_CHECK(e.shape.size() == 4 && e.shape[0] == m.out_channels, "validation: clip '", e.key, "' of ",
+                set_.cache->dir(), " has latent shape ", c10::IntArrayRef(e.shape), " but model.out_channels is ",
+                m.out_channels, "; prepare the validation videos with the training cache's settings");
+    for (size_t a = 0; a < 3; ++a)
+      VIDIT_CHECK(e.shape[a + 1] % m.patch[a] == 0, "validation: clip '", e.key, "' of ", set_.cache->dir(),
+                  " has latent shape ", c10::IntArrayRef(e.shape), " which model.patch does not divide");
+    VIDIT_CHECK(!appends_condition(m) || e.cond, "validation: clip '", e.key, "' of ", set_.cache->dir(),
+                " has no condition latent, but the model is image-to-video; prepare it with this config");
+    VIDIT_CHECK(!appends_condition(m) || m.image_dim == 0 || (e.image_shape.size() == 2 && e.image_shape[1] == m.image_dim),
+                "validation: clip '", e.key, "' of ", set_.cache->dir(), " has no CLIP features of width ", m.image_dim,
+                "; prepare it with data.image_encoder set");
+  }
 }
 
 bool Validator::due(int64_t step) const {
@@ -57,7 +74,8 @@ ValidationMetrics Validator::run(DiT& model, const Mesh& mesh, int64_t step) con
       b.latents = at::zeros({1, e.shape[0], e.shape[1], e.shape[2], e.shape[3]});
       b.texts = at::zeros({1, m.text_len, m.text_dim});
       if (appends_condition(m)) b.condition = at::zeros({1, e.shape[0] + 4, e.shape[1], e.shape[2], e.shape[3]});
-      if (appends_condition(m) && m.image_dim > 0) b.image = at::zeros({1, 1, m.image_dim});
+      if (appends_condition(m) && m.image_dim > 0)
+        b.image = at::zeros({1, m.image_pos_tokens > 0 ? m.image_pos_tokens : 1, m.image_dim});
     }
     const at::Tensor x0 = b.latents.to(at::kFloat).to(device_);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(XXH64(e.key.data(), e.key.size(), kNoiseSeed));
@@ -67,7 +85,7 @@ ValidationMetrics Validator::run(DiT& model, const Mesh& mesh, int64_t step) con
     const at::Tensor image = b.image.defined() ? b.image.to(at::kFloat).to(device_) : at::Tensor();
     for (int64_t s = 0; s < S; ++s) {
       FlowSample fs = make_flow_sample(x0, noise, at::full({1}, sigmas_[size_t(s)], at::kFloat).to(device_));
-      if (fuses_first_frame(m)) {  // Wan 2.2 TI2V: as train_step.cpp conditions it
+      if (fuses_first_frame(m) && x0.size(2) > 1) {  // Wan 2.2 TI2V: as train_step.cpp conditions it
         fs.x_t = keep_first_frame(fs.x_t, x0.narrow(2, 0, 1));
         fs.timestep = first_frame_timesteps(fs.timestep, x0.sizes(), m.patch);
       }

@@ -111,6 +111,22 @@ TEST(ValidationSplit, HeldOutByKeyNeverTrains) {
             std::string::npos);
   EXPECT_NE(test::message_of([] { test::tiny_config({"data.val_fraction=0.1"}); }).find("synthetic"),
             std::string::npos);
+  // A held-out clip the model cannot take (other latent channels) is named before any step.
+  {
+    test::ScratchDir odd("val_odd");
+    CacheWriter w(odd.path(), 0, 1 << 20, at::kFloat);
+    CacheSample c;
+    c.key = "odd";
+    c.mean = at::randn({3, 2, 4, 4}), c.std = at::zeros({3, 2, 4, 4}), c.text = at::randn({4, 8}), c.bucket = "2x4x4";
+    w.add(c);
+    w.flush();
+    merge_cache_index(odd.path());
+    Config with_odd = cfg;
+    with_odd.data.val_fraction = 0, with_odd.data.val_cache = odd.path();
+    const std::string why_odd = test::message_of([&] { Validator(with_odd, *validation_set(with_odd, cache), at::kCPU); });
+    EXPECT_NE(why_odd.find("clip 'odd'"), std::string::npos) << why_odd;
+    EXPECT_NE(why_odd.find("model.out_channels is 4"), std::string::npos) << why_odd;
+  }
   // An empty cache of its own is named.
   test::ScratchDir empty("val_empty");
   Config own = cfg;

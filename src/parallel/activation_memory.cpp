@@ -6,6 +6,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "core/precision.h"
+#include "diffusion/frame_condition.h"
 #include "model/dit.h"
 #include "model/fp8.h"
 
@@ -42,7 +43,9 @@ BlockActivations measure_block_activations(const Config& cfg, const at::Device& 
   auto held = [&](DiT& model, int64_t tokens, int64_t whole, int64_t selective, int64_t samples = 1) {
     const at::Tensor x =
         at::randn({samples, m.in_channels, m.patch[0], 16 * m.patch[1], tokens / 16 * m.patch[2]}).to(device);
-    const at::Tensor t = at::full({samples}, 500.0).to(device),
+    // A model that keeps its first frame (Wan 2.2 TI2V) takes a timestep per token: its per-token
+    // modulation is part of what a block holds.
+    const at::Tensor t = (fuses_first_frame(m) ? at::full({samples, tokens}, 500.0) : at::full({samples}, 500.0)).to(device),
                      text = at::randn({samples, m.text_len, m.text_dim}).to(device);
     model->recompute_blocks = whole;
     model->selective_blocks = selective;

@@ -19,6 +19,7 @@
 #include "diffusion/frame_condition.h"
 #include "loader/cache_loader.h"
 #include "model/dit.h"
+#include "parallel/activation_memory.h"
 #include "pipeline/image_condition.h"
 #include "train/trainer.h"
 #include "loader/latent_cache.h"
@@ -175,6 +176,19 @@ TEST(Ti2v, CudaTimestepPerTokenMatchesCpu) {
   const double err = relative(cuda, cpu);
   std::printf("timestep per token, CUDA vs CPU (fp32): %.2e of max\n", err);
   EXPECT_LT(err, 1e-4);
+}
+
+// The block measurement behind train.memory_budget_gb takes the first-frame form's timestep per
+// token: its per-token modulation (6 [B, L, dim] fp32 more per block) shows in the figure.
+TEST(Ti2v, BlockMeasurementCountsThePerTokenModulation) {
+  Config plain = test::tiny_config({"model.dim=64", "model.ffn_dim=128"});
+  Config kept = plain;
+  kept.model.condition = FrameCondition::first_frame;
+  ASSERT_TRUE(fuses_first_frame(kept.model));
+  const double a = measure_block_activations(plain, at::kCPU).keep.per_token,
+               b = measure_block_activations(kept, at::kCPU).keep.per_token;
+  std::printf("bytes per token a block holds: %.0f per sample's timestep, %.0f per token's\n", a, b);
+  EXPECT_GT(b - a, 0.8 * 6 * 64 * 4);  // at least most of the 6 x dim fp32 modulation per token
 }
 
 // A run of the TI2V form on a cache: each clip's first latent frame goes in clean with timestep 0

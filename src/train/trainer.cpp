@@ -413,11 +413,24 @@ std::unique_ptr<StagedState> Trainer::stage(const CheckpointReader& ckpt) const 
       s.spikes[key.substr(7)] = std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
     }
   s.sampler = meta.sampler;
+  // The data position is one in the list of clips that train: with another validation split it
+  // continues over another list, and clips held out now may have trained before.
+  if (!meta.config_toml.empty()) {
+    const DataConfig saved = parse_config(meta.config_toml, dir + "/meta.json").data;
+    if (saved.val_fraction != cfg_.data.val_fraction || saved.val_cache != cfg_.data.val_cache)
+      s.split_changed = "data.val_fraction " + std::to_string(saved.val_fraction) + ", data.val_cache '" +
+                        saved.val_cache + "'";
+  }
   return staged;
 }
 
 void Trainer::apply(std::unique_ptr<StagedState> staged) {
   Staged& s = static_cast<Staged&>(*staged);
+  if (!s.split_changed.empty() && is_lead())
+    std::fprintf(stderr, "warning: %s was saved with another validation split (%s; now data.val_fraction %g, "
+                 "data.val_cache '%s'): the data position continues over another list of clips, and clips held out "
+                 "now may have trained before; their validation figure is not a held-out one\n", s.dir.c_str(),
+                 s.split_changed.c_str(), cfg_.data.val_fraction, cfg_.data.val_cache.c_str());
   at::NoGradGuard ng;
   for (const auto& [name, p] : pm_->params()) at::Tensor(p).copy_(s.model.at(name));
   if (ema_) {

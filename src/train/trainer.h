@@ -168,6 +168,7 @@ class Trainer : private CheckpointedRun {
     at::Tensor rng;  // this rank's stream; undefined: a stream of its own from (seed, rank, step)
     std::map<std::string, std::vector<double>> spikes;
     SamplerState sampler;
+    std::string split_changed;  // the validation split the checkpoint's run had, when it differs
   };
   // CheckpointedRun: what the checkpointer saves, and a checkpoint staged and applied.
   CheckpointState checkpoint_state() override;

@@ -166,6 +166,16 @@ TEST(Validation, FigureDependsOnTheWeightsAlone) {
   const ValidationMetrics c = trainer.validate();
   EXPECT_NE(c.loss, a.loss);  // trained weights give another figure
   EXPECT_EQ(c.loss, last);    // the same as fit() logged for them
+  // Resumed with another split: warned, since clips held out now may have trained before.
+  {
+    Config other = cfg;
+    other.data.val_fraction = 0.3;
+    Trainer again(other, std::make_shared<CacheLoader>(cache, other), at::zeros({cfg.model.text_len, cfg.model.text_dim}));
+    testing::internal::CaptureStderr();
+    ASSERT_TRUE(again.resume());
+    const std::string warned = testing::internal::GetCapturedStderr();
+    EXPECT_NE(warned.find("was saved with another validation split (data.val_fraction 0.5"), std::string::npos) << warned;
+  }
 
   // The high-noise expert of a two-expert model: only its noise levels.
   Config high = cfg;

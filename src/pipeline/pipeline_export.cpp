@@ -35,6 +35,21 @@ json read_json(const fs::path& path) {
 // A component entry of model_index.json: ["library", "Class"], or [null, null] for none.
 bool names_a_component(const json& v) { return v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_string(); }
 
+// The file `from` made again at `to`: hard-linked, else (another file system, or links not
+// allowed) copied; counted in the report.
+void link_file(const fs::path& from, const fs::path& to, PipelineExport& report) {
+  const fs::path source = fs::canonical(from);
+  const uint64_t bytes = fs::file_size(source);
+  std::error_code ec;
+  fs::create_hard_link(source, to, ec);
+  if (!ec) {
+    ++report.linked_files, report.linked_bytes += bytes;
+    return;
+  }
+  fs::copy_file(source, to);
+  ++report.copied_files, report.copied_bytes += bytes;
+}
+
 // Every file under `from` (links followed) made again under `to`: hard-linked, else copied.
 void link_tree(const fs::path& from, const fs::path& to, PipelineExport& report) {
   fs::create_directories(to);
@@ -45,17 +60,7 @@ void link_tree(const fs::path& from, const fs::path& to, PipelineExport& report)
       fs::create_directories(to / rel);
       continue;
     }
-    if (!it->is_regular_file()) continue;
-    const fs::path source = fs::canonical(it->path());
-    const uint64_t bytes = fs::file_size(source);
-    std::error_code ec;
-    fs::create_hard_link(source, to / rel, ec);
-    if (!ec) {
-      ++report.linked_files, report.linked_bytes += bytes;
-      continue;
-    }
-    fs::copy_file(source, to / rel);  // another file system (or links not allowed): copy
-    ++report.copied_files, report.copied_bytes += bytes;
+    if (it->is_regular_file()) link_file(it->path(), to / rel, report);
   }
 }
 
@@ -189,9 +194,7 @@ PipelineExport write_official_expert_release(const TensorStream& official, const
     write_wan_transformer(official, m, (tmp / report.transformer).string(), max_shard_bytes);
     if (fs::is_regular_file(own_config)) {
       fs::remove(tmp / report.transformer / "config.json");
-      std::error_code ec;
-      fs::create_hard_link(own_config, tmp / report.transformer / "config.json", ec);
-      if (ec) fs::copy_file(own_config, tmp / report.transformer / "config.json");
+      link_file(own_config, tmp / report.transformer / "config.json", report);
     }
     for (const auto& entry : fs::directory_iterator(base)) {
       const std::string name = entry.path().filename().string();
@@ -200,10 +203,7 @@ PipelineExport write_official_expert_release(const TensorStream& official, const
       if (entry.is_directory()) {
         link_tree(entry.path(), tmp / name, report);
       } else if (entry.is_regular_file()) {
-        std::error_code ec;
-        fs::create_hard_link(fs::canonical(entry.path()), tmp / name, ec);
-        if (ec) fs::copy_file(entry.path(), tmp / name), ++report.copied_files, report.copied_bytes += entry.file_size();
-        else ++report.linked_files, report.linked_bytes += entry.file_size();
+        link_file(entry.path(), tmp / name, report);
       }
     }
   });

@@ -37,18 +37,34 @@ double relative(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
 }
 
+// The reference's release in `release` (with `image`: for image-to-video), opened as vidit sample
+// opens it, and the sampling config both parity tests use; `made` says whether the reference ran
+// (status 3: diffusers missing).
+struct Reference {
+  test::ProcessResult made;
+  WanWeights w;
+  Config cfg;
+};
+Reference make_reference(const std::string& release, const std::string& image = "") {
+  Reference r;
+  r.made = test::run_process(test::python() + " " + test::reference_script("diffusers_ti2v_reference.py") + " " +
+                             release + (image.empty() ? "" : " " + image) + " 2>&1");
+  if (r.made.status != 0) return r;
+  r.w.fill_from(release);
+  r.cfg = parse_config("", "<test>", {"sample.steps=6", "sample.shift=5.0", "sample.solver=\"unipc\"",
+                                      "sample.cfg_scale=5.0"});
+  r.cfg.model = read_transformer_config(r.w.transformer);
+  return r;
+}
+
 TEST(Ti2v, TextToVideoEqualsDiffusersWithExpandTimesteps) {
   test::ScratchDir dir("ti2v_parity");
   const std::string release = dir / "release";
-  const auto made = test::run_process(test::python() + " " + test::reference_script("diffusers_ti2v_reference.py") +
-                                      " " + release + " 2>&1");
-  if (made.status == 3) GTEST_SKIP() << made.output;
-  ASSERT_EQ(made.status, 0) << made.output;
-  WanWeights w;
-  w.fill_from(release);
-  Config cfg = parse_config("", "<test>", {"sample.steps=6", "sample.shift=5.0", "sample.solver=\"unipc\"",
-                                           "sample.cfg_scale=5.0"});
-  cfg.model = read_transformer_config(w.transformer);
+  Reference ref = make_reference(release);
+  if (ref.made.status == 3) GTEST_SKIP() << ref.made.output;
+  ASSERT_EQ(ref.made.status, 0) << ref.made.output;
+  const WanWeights& w = ref.w;
+  Config& cfg = ref.cfg;
   EXPECT_EQ(cfg.model.out_channels, 8);
   EXPECT_TRUE(is_wan22_vae(w.vae));
   EXPECT_EQ(vae_stride(w, cfg.model), 16);
@@ -92,15 +108,11 @@ TEST(Ti2v, ImageToVideoEqualsDiffusersWithExpandTimesteps) {
   test::ScratchDir dir("ti2v_i2v_parity");
   const std::string png = dir / "first.png", release = dir / "release";
   ASSERT_TRUE(video_test::ffmpeg("-f lavfi -i testsrc2=size=80x60 -frames:v 1 " + png));  // resized to 96x64
-  const auto made = test::run_process(test::python() + " " + test::reference_script("diffusers_ti2v_reference.py") +
-                                      " " + release + " " + png + " 2>&1");
-  if (made.status == 3) GTEST_SKIP() << made.output;
-  ASSERT_EQ(made.status, 0) << made.output;
-  WanWeights w;
-  w.fill_from(release);
-  Config cfg = parse_config("", "<test>", {"sample.steps=6", "sample.shift=5.0", "sample.solver=\"unipc\"",
-                                           "sample.cfg_scale=5.0"});
-  cfg.model = read_transformer_config(w.transformer);
+  Reference ref = make_reference(release, png);
+  if (ref.made.status == 3) GTEST_SKIP() << ref.made.output;
+  ASSERT_EQ(ref.made.status, 0) << ref.made.output;
+  const WanWeights& w = ref.w;
+  Config& cfg = ref.cfg;
   cfg.model.condition = FrameCondition::first_frame;  // what vidit sample --image sets for this release
   ASSERT_TRUE(fuses_first_frame(cfg.model));
   EXPECT_EQ(vae_stride(w, cfg.model), 16);
